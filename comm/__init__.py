@@ -1,0 +1,19 @@
+"""Distributed training strategies, chosen by name from the DeepSpeed JSON's "comm" section."""
+
+from comm.base import Strategy
+from comm.layout import LayoutError, ProcessLayout
+from comm.sync import SyncStrategy
+
+STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy}
+
+
+def build_strategy(comm_section: dict, layout: ProcessLayout) -> Strategy:
+    """{"strategy": name, **options} -> a Strategy; unknown names fail with the valid ones."""
+    options = dict(comm_section)
+    name = options.pop("strategy", None)
+    if name not in STRATEGIES:
+        raise ValueError(f'unknown strategy {name!r} in the "comm" section; valid: {", ".join(sorted(STRATEGIES))}')
+    return STRATEGIES[name](layout, options)
+
+
+__all__ = ["STRATEGIES", "LayoutError", "ProcessLayout", "Strategy", "build_strategy"]

@@ -1,0 +1,1 @@
+"""The recipe: data preparation, features, batches, the training entry point, evaluation and reports."""

@@ -1,0 +1,190 @@
+"""Kaldi-style data dirs: read, check and write them.
+
+A data dir holds ``wav.scp`` (``utt path``, or ``recording path`` with ``segments``), ``text`` (``utt words``),
+and optionally ``utt2spk`` and ``segments`` (``utt recording start end``, seconds). Everything a user can get
+wrong is found here, before features are extracted and hours of training are spent: hard errors name the file,
+line and utterance; mismatches Kaldi's ``fix_data_dir.sh`` would drop are skipped with a warning and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import soundfile
+
+log = logging.getLogger(__name__)
+
+BLANK = "<blank>"
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message names the file, line and utterance."""
+
+
+@dataclass(frozen=True)
+class Utterance:
+    utt: str
+    speaker: str
+    audio: str  # path to a wav/flac file readable by libsndfile
+    text: str
+    start: float = 0.0  # seconds into the audio file (segments)
+    end: Optional[float] = None  # None: to the end of the file
+
+
+def read_table(path: Path) -> dict[str, tuple[str, int]]:
+    """``key rest-of-line`` per line -> {key: (rest, line number)}; duplicate keys are errors."""
+    table: dict[str, tuple[str, int]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        key, _, rest = line.strip().partition(" ")
+        if key in table:
+            raise DataError(f"{path}:{lineno}: duplicate id {key!r} (first on line {table[key][1]})")
+        table[key] = (rest.strip(), lineno)
+    return table
+
+
+def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf")) -> tuple[list[Utterance], Counter]:
+    """Read and check a data dir -> (utterances sorted by id, counts of what was skipped and why)."""
+    d = Path(data_dir)
+    for required in ("wav.scp", "text"):
+        if not (d / required).is_file():
+            raise DataError(f"{d}: missing {required} (a Kaldi data dir needs wav.scp and text)")
+    wav_scp = read_table(d / "wav.scp")
+    text = read_table(d / "text")
+    utt2spk = read_table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
+    skipped: Counter = Counter()
+
+    recordings = {rec: _audio_path(d / "wav.scp", lineno, rec, entry) for rec, (entry, lineno) in wav_scp.items()}
+    durations = {rec: _duration(d / "wav.scp", wav_scp[rec][1], rec, path) for rec, path in recordings.items()}
+    if (d / "segments").is_file():
+        audio = {}
+        for utt, (entry, lineno) in read_table(d / "segments").items():
+            audio[utt] = _segment(d / "segments", lineno, utt, entry, durations)
+        skipped["recording_without_segments"] = len(set(recordings) - {a[0] for a in audio.values()})
+    else:
+        audio = {utt: (utt, 0.0, None) for utt in recordings}
+
+    utts = []
+    for utt in sorted(set(audio) | set(text)):
+        if utt not in text:
+            log.warning("%s: utterance %s has audio but no transcript in text: skipped", d, utt)
+            skipped["audio_without_text"] += 1
+            continue
+        if utt not in audio:
+            log.warning("%s/text:%d: utterance %s has no audio: skipped", d, text[utt][1], utt)
+            skipped["text_without_audio"] += 1
+            continue
+        words = text[utt][0]
+        if not words:
+            log.warning("%s/text:%d: utterance %s has an empty transcript: skipped", d, text[utt][1], utt)
+            skipped["empty_transcript"] += 1
+            continue
+        rec, start, end = audio[utt]
+        seconds = (end if end is not None else durations[rec]) - start
+        if seconds <= 0.0:
+            log.warning("%s: utterance %s has no audio samples: skipped", d, utt)
+            skipped["zero_length_audio"] += 1
+            continue
+        if seconds > max_seconds:
+            log.warning("%s: utterance %s is %.1f s long (> data.max_utt_seconds): skipped", d, utt, seconds)
+            skipped["too_long"] += 1
+            continue
+        speaker = utt2spk[utt][0] if utt in utt2spk else utt
+        utts.append(Utterance(utt, speaker, recordings[rec], " ".join(words.split()), start, end))
+    if not utts:
+        raise DataError(f"{d}: no usable utterances ({dict(+skipped) or 'empty wav.scp/text'})")
+    return utts, +skipped
+
+
+def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
+    if entry.endswith("|"):
+        raise DataError(f"{scp}:{lineno}: {rec}: pipe commands in wav.scp are not supported yet; "
+                        "give a path to a wav/flac file")
+    if not entry:
+        raise DataError(f"{scp}:{lineno}: {rec}: no audio path")
+    path = Path(entry)
+    if not path.is_absolute():
+        path = (Path.cwd() / path)  # Kaldi convention: relative to where the recipe runs
+    if not path.is_file():
+        raise DataError(f"{scp}:{lineno}: {rec}: audio file not found: {entry}")
+    return str(path.resolve())
+
+
+def _duration(scp: Path, lineno: int, rec: str, path: str) -> float:
+    try:
+        info = soundfile.info(path)
+    except Exception as err:  # libsndfile raises several types for corrupt or foreign files
+        raise DataError(f"{scp}:{lineno}: {rec}: cannot read audio {path}: {err}") from None
+    return info.frames / info.samplerate
+
+
+def _segment(path: Path, lineno: int, utt: str, entry: str, durations: dict[str, float]):
+    fields = entry.split()
+    try:
+        rec, start, end = fields[0], float(fields[1]), float(fields[2])
+    except (IndexError, ValueError):
+        raise DataError(f"{path}:{lineno}: {utt}: expected 'utt recording start end', got {entry!r}") from None
+    if rec not in durations:
+        raise DataError(f"{path}:{lineno}: {utt}: recording {rec!r} is not in wav.scp")
+    if end < 0:  # Kaldi: an end of -1 means the end of the recording
+        end = durations[rec]
+    if not 0.0 <= start < end:
+        raise DataError(f"{path}:{lineno}: {utt}: bad time range {start}..{end}")
+    if start >= durations[rec]:
+        raise DataError(f"{path}:{lineno}: {utt}: starts at {start} s, past the end of {rec} ({durations[rec]:.2f} s)")
+    return rec, start, min(end, durations[rec])
+
+
+def write_data_dir(utts: list[Utterance], out_dir: str | Path) -> None:
+    """Write a clean data dir: absolute audio paths, utt2spk always, segments where the input had them."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    with_segments = any(u.start > 0.0 or u.end is not None for u in utts)
+    recordings: dict[str, str] = {}  # audio path -> recording id
+    with open(d / "text", "w") as text, open(d / "utt2spk", "w") as u2s:
+        segments = []
+        for u in utts:
+            text.write(f"{u.utt} {u.text}\n")
+            u2s.write(f"{u.utt} {u.speaker}\n")
+            if with_segments:
+                rec = recordings.setdefault(u.audio, f"rec{len(recordings):06d}")
+                segments.append(f"{u.utt} {rec} {u.start:.3f} {-1 if u.end is None else round(u.end, 3)}\n")
+            else:
+                recordings[u.audio] = u.utt
+    (d / "wav.scp").write_text("".join(sorted(f"{rec} {path}\n" for path, rec in recordings.items())))
+    if with_segments:
+        (d / "segments").write_text("".join(segments))
+
+
+def build_tokens(utts: list[Utterance]) -> list[str]:
+    """Character token set of the training transcripts; index 0 is the CTC blank."""
+    return [BLANK] + sorted({c for u in utts for c in u.text})
+
+
+def check_tokens(utts: list[Utterance], tokens: list[str], text_path: str | Path) -> None:
+    known = set(tokens)
+    for u in utts:
+        unknown = sorted(set(u.text) - known)
+        if unknown:
+            raise DataError(f"{text_path}: utterance {u.utt}: characters {unknown} are not in the training "
+                            f"token set (built from the training transcripts)")
+
+
+SPACE = "<space>"  # how the space character is written in tokens.txt
+
+
+def write_tokens(tokens: list[str], path: str | Path) -> None:
+    Path(path).write_text("".join(f"{SPACE if t == ' ' else t}\n" for t in tokens), encoding="utf-8")
+
+
+def read_tokens(path: str | Path) -> list[str]:
+    return [" " if t == SPACE else t for t in Path(path).read_text(encoding="utf-8").splitlines()]

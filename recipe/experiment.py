@@ -1,0 +1,106 @@
+"""An experiment folder and everything the stages read from and write into it.
+
+    EXP/conf.yaml            resolved recipe config used for training (schema <- --conf <- overrides)
+    EXP/ds_config.json       the DeepSpeed JSON used for training;  EXP/launch.txt  the launch command
+    EXP/data/{train,test}/   clean Kaldi data dirs;  EXP/data/tokens.txt;  EXP/data/prep.json (what was skipped)
+    EXP/features.json        where the feature caches of train and test are
+    EXP/checkpoints/         epoch-NNN.pt (atomic, pruned);  EXP/train_log.jsonl;  EXP/metrics.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from model.lstm import LSTMAcousticModel
+from recipe.config import ConfigError, load_config
+from recipe.data import read_table, read_tokens
+from recipe.dataset import CTCDataset
+from recipe.features import FeatureCache, cmvn_stats
+
+
+class Experiment:
+    def __init__(self, root: str | Path, conf=None):
+        self.root = Path(root)
+        self._conf = conf
+
+    @property
+    def conf(self):
+        if self._conf is None:
+            self._conf = load_config(self.root / "conf.yaml")
+        return self._conf
+
+    # ---- data and features -------------------------------------------------------------------------------
+    def data_dir(self, split: str) -> Path:
+        return self.root / "data" / split
+
+    @property
+    def tokens(self) -> list[str]:
+        return read_tokens(self.root / "data" / "tokens.txt")
+
+    def cache(self, split: str) -> FeatureCache:
+        where = self.root / "features.json"
+        if not where.is_file():
+            raise FileNotFoundError(f"{where}: no features yet; run the feature stage (run.sh --stage 2)")
+        return FeatureCache(json.loads(where.read_text())[split])
+
+    def dataset(self, split: str) -> CTCDataset:
+        cmvn = self.conf.features.cmvn
+        # global normalization uses the training set's statistics for every split
+        global_stats = cmvn_stats(self.cache("train"), "global")["*"] if cmvn == "global" else None
+        texts = {utt: text for utt, (text, _) in read_table(self.data_dir(split) / "text").items()}
+        return CTCDataset(self.cache(split), texts, self.tokens, cmvn, self.conf.model.stack, global_stats)
+
+    # ---- model and checkpoints ---------------------------------------------------------------------------
+    def build_model(self, input_dim: int) -> LSTMAcousticModel:
+        return build_model(self.conf.model, input_dim, len(self.tokens))
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a save is complete once renamed to its final name)."""
+        found = [p for p in self.checkpoint_dir.glob("epoch-*.pt") if re.fullmatch(r"epoch-\d+\.pt", p.name)]
+        return sorted(found)
+
+    def save_checkpoint(self, state: dict, epoch: int, keep: int) -> Path:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoint_dir / f"epoch-{epoch:03d}.pt"
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoints intact
+        for old in self.checkpoints()[:-keep]:
+            old.unlink()
+        return path
+
+    def load_checkpoint(self, path: str | Path | None = None) -> dict:
+        if path is None:
+            found = self.checkpoints()
+            if not found:
+                raise FileNotFoundError(f"{self.checkpoint_dir}: no checkpoint")
+            path = found[-1]
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state["path"] = str(path)
+        return state
+
+    def load_model(self, path: str | Path | None = None) -> tuple[LSTMAcousticModel, dict]:
+        state = self.load_checkpoint(path)
+        model = self.build_model(self.cache("train").dim)
+        model.load_state_dict(state["model"])
+        return model, state
+
+
+def build_model(model_conf, input_dim: int, output_dim: int) -> LSTMAcousticModel:
+    """The acoustic model of a model config; dims fixed in the config must match the data."""
+    for key, actual in (("input_dim", input_dim), ("output_dim", output_dim)):
+        if model_conf[key] and model_conf[key] != actual:
+            raise ConfigError(f"model.{key}={model_conf[key]} but the data gives {actual} (set 0 to take it)")
+    return LSTMAcousticModel(input_dim, output_dim, layers=model_conf.layers, hidden=model_conf.hidden,
+                             bidirectional=model_conf.bidirectional, bottleneck=model_conf.bottleneck,
+                             dropout=model_conf.dropout, stack=model_conf.stack, packed=model_conf.packed)

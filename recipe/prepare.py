@@ -1,0 +1,88 @@
+"""Recipe stages 1 and 2: prepare the data dirs, then extract features.
+
+    python -m recipe.prepare data     --exp EXP [--conf FILE] [key=value ...]
+    python -m recipe.prepare features --exp EXP [--conf FILE] [key=value ...]
+
+Stage 1 synthesizes the built-in corpus (or reads the user's Kaldi data dirs), checks every utterance, writes
+clean data dirs and the token set into EXP/data. Stage 2 fills (or finds) the feature caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from recipe.config import ConfigError, load_config
+from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
+from recipe.features import extract_features
+
+log = logging.getLogger("recipe.prepare")
+
+
+def prepare_data(conf, exp: Path, work: Path) -> dict:
+    if conf.data.corpus == "synth":
+        from recipe.synth import synthesize_corpus
+
+        d = conf.data
+        corpus = work / f"synth-{d.synth_train}-{d.synth_test}-seed{d.synth_seed}-{d.sample_rate}"
+        if not (corpus / ".done").is_file():
+            synthesize_corpus(corpus, n_train=d.synth_train, n_test=d.synth_test, seed=d.synth_seed,
+                              sample_rate=d.sample_rate, num_workers=conf.features.num_workers)
+            (corpus / ".done").touch()
+        sources = {"train": corpus / "train", "test": corpus / "test"}
+    else:
+        sources = {"train": Path(conf.data.train_dir), "test": Path(conf.data.test_dir)}
+    summary, utts = {}, {}
+    for split, src in sources.items():
+        utts[split], skipped = load_data_dir(src, conf.data.max_utt_seconds)
+        summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
+    tokens = build_tokens(utts["train"])
+    check_tokens(utts["test"], tokens, sources["test"] / "text")
+    for split in sources:
+        write_data_dir(utts[split], exp / "data" / split)
+    write_tokens(tokens, exp / "data" / "tokens.txt")
+    summary["tokens"] = len(tokens)
+    (exp / "data" / "prep.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def prepare_features(conf, exp: Path, work: Path) -> dict:
+    where = {}
+    for split in ("train", "test"):
+        utts, _ = load_data_dir(exp / "data" / split)
+        where[split] = str(extract_features(utts, work, split, conf.features, conf.data.sample_rate))
+    (exp / "features.json").write_text(json.dumps(where, indent=1))
+    return {split: json.loads((Path(p) / "meta.json").read_text()) for split, p in where.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=("data", "features"))
+    p.add_argument("--exp", required=True, help="experiment folder")
+    p.add_argument("--conf", default=None, help="recipe YAML (default: the schema's defaults)")
+    p.add_argument("--work", default=None, help="shared folder for corpora and feature caches "
+                                                "(default: the experiment folder's parent)")
+    p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
+    args = p.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    exp = Path(args.exp).resolve()
+    work = Path(args.work).resolve() if args.work else exp.parent
+    exp.mkdir(parents=True, exist_ok=True)
+    try:
+        conf = load_config(args.conf, args.overrides)
+        if args.stage == "data":
+            summary = prepare_data(conf, exp, work / "corpus")
+        else:
+            summary = prepare_features(conf, exp, work / "features")
+    except (ConfigError, DataError) as err:
+        log.error("%s", err)
+        return 2
+    print(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

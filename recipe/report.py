@@ -1,0 +1,96 @@
+"""Recipe stage 5: the experiment's numbers as a table on the terminal and curves in EXP/report.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def read_log(exp: Path) -> list[dict]:
+    log = exp / "train_log.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def plot(history: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    wall = [h["wall_s"] / 60 for h in history]
+    epochs = [h["epoch"] for h in history]
+    for col, (x, label) in enumerate(((wall, "training wall-clock time (min)"), (epochs, "epoch"))):
+        axes[0, col].plot(x, [h["heldout_loss"] for h in history], "o-", label="held-out")
+        axes[0, col].plot(x, [h["train_loss"] for h in history], "s--", alpha=0.6, label="train")
+        axes[0, col].set_ylabel("CTC loss per token")
+        axes[0, col].legend()
+        axes[1, col].plot(x, [100 * h["cer"] for h in history], "o-", label="CER")
+        axes[1, col].plot(x, [100 * h["wer"] for h in history], "s-", label="WER")
+        axes[1, col].set_ylabel("held-out error (%)")
+        axes[1, col].set_xlabel(label)
+        axes[1, col].legend()
+        for row in range(2):
+            axes[row, col].grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--exp", required=True)
+    exp = Path(p.parse_args(argv).exp)
+    console = Console()
+    if not (exp / "metrics.json").is_file():
+        console.print(f"[red]{exp}/metrics.json not found: run the training stage first[/red]")
+        return 2
+    m = json.loads((exp / "metrics.json").read_text())
+    history = read_log(exp)
+
+    table = Table(title=f"{exp}: {m['strategy'].upper()}, {m['learners']} learners, {m['nodes']} node(s)")
+    for col in ("epoch", "train loss", "held-out loss", "CER %", "WER %", "frames/s", "wall (min)"):
+        table.add_column(col, justify="right")
+    for h in history:
+        table.add_row(str(h["epoch"]), f"{h['train_loss']:.3f}", f"{h['heldout_loss']:.3f}", f"{100 * h['cer']:.2f}",
+                      f"{100 * h['wer']:.2f}", f"{h['train_frames_per_s']:.0f}", f"{h['wall_s'] / 60:.1f}")
+    console.print(table)
+
+    summary = Table(title="final", show_header=False)
+    summary.add_column(justify="left")
+    summary.add_column(justify="right")
+    rows = [("strategy", m["strategy"]), ("learners x nodes", f"{m['learners']} on {m['nodes']}"),
+            ("global batch (utterances)", m["global_batch"]), ("precision", m["precision"]),
+            ("parameters", f"{m['params']:,}"), ("epochs", m["epochs"]),
+            ("training wall time", f"{m['wall_s'] / 60:.1f} min"),
+            ("training frames/s (all learners)", f"{m['train_frames_per_s']:.0f}"),
+            ("held-out loss", f"{m['heldout_loss']:.3f}"), ("held-out CER", f"{100 * m['cer']:.2f}%"),
+            ("held-out WER", f"{100 * m['wer']:.2f}%")]
+    scores = exp / "decode" / "scores.json"
+    if scores.is_file():
+        s = json.loads(scores.read_text())
+        rows.append(("decode stage CER / WER", f"{100 * s['cer']:.2f}% / {100 * s['wer']:.2f}% (epoch {s['epoch']})"))
+    prep = exp / "data" / "prep.json"
+    if prep.is_file():
+        for split, info in json.loads(prep.read_text()).items():
+            if isinstance(info, dict):
+                skipped = sum(info["skipped"].values()) + sum(m["skipped"][split].values())
+                rows.append((f"{split} utterances used / skipped", f"{m[f'{split}_utterances']} / {skipped}"))
+    for key, value in rows:
+        summary.add_row(key, str(value))
+    console.print(summary)
+    if history:
+        plot(history, exp / "report.png", f"{m['strategy'].upper()}: {m['learners']} learners, global batch "
+                                          f"{m['global_batch']}")
+        console.print(f"curves: {exp / 'report.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

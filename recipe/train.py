@@ -1,0 +1,204 @@
+"""Recipe stage 3: train the acoustic model on every learner, around one DeepSpeed engine.
+
+Started once per learner by the deepspeed launcher (run.sh builds the command):
+
+    deepspeed --num_gpus N recipe/train.py --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
+
+The distributed strategy is chosen by the JSON's "comm" section and reached only through its hooks
+(comm/base.py), so this loop is the same for SYNC, ADPSGD and HYBRID. Every epoch ends with a held-out
+evaluation (sharded over the learners, totals summed) and an atomic checkpoint; --resume continues from the
+latest one and, for SYNC, reproduces an uninterrupted run bit for bit: batches and dropout masks are pure
+functions of (seed, epoch, rank), and the learning rate a pure function of global progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from comm import ProcessLayout, build_strategy
+from model.lstm import count_parameters, ctc_loss
+from recipe.config import load_config
+from recipe.dataset import BucketBatchSampler
+from recipe.ds_config import load_ds_config
+from recipe.evaluate import TOTAL_KEYS, evaluate, rates
+from recipe.experiment import Experiment
+from recipe.schedule import learning_rate
+
+log = logging.getLogger("recipe.train")
+
+
+def threads_per_learner(requested: int, local_size: int) -> int:
+    """Cores / learners on this node (DESIGN.md trap 1: oversubscribed threads ran 8x slower)."""
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_size)
+
+
+def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    cls = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
+    return cls(params, lr=lr, weight_decay=optim.weight_decay)
+
+
+def all_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def train(args) -> dict:
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    layout = ProcessLayout.from_env()
+    conf = load_config(args.conf, args.overrides)
+    engine_conf, comm_conf = load_ds_config(args.ds_config)
+    torch.set_num_threads(threads_per_learner(conf.train.num_threads, layout.local_size))
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    strategy = build_strategy(comm_conf, layout)
+    exp = Experiment(args.exp, conf)
+    is_main = layout.rank == 0
+    if is_main:
+        OmegaConf.save(conf, exp.root / "conf.yaml")
+        (exp.root / "ds_config.json").write_text(json.dumps({**engine_conf, "comm": comm_conf}, indent=1))
+        (exp.root / "launch.txt").write_text(f"{args.launch_command or shlex.join(sys.argv)}\n"
+                                             f"# world_size={layout.world_size} nodes={layout.nodes}\n")
+
+    train_set, test_set = exp.dataset("train"), exp.dataset("test")
+    micro = engine_conf["train_micro_batch_size_per_gpu"]
+    accum = engine_conf.get("gradient_accumulation_steps", 1)
+    global_batch = micro * accum * layout.world_size  # utterances per optimizer step, all learners together
+    sampler = BucketBatchSampler(train_set.lengths, micro, layout.rank, layout.world_size, conf.train.seed)
+    test_batches = BucketBatchSampler(test_set.lengths, micro, shuffle=False).epoch_batches(0)[
+                   layout.rank:: layout.world_size]
+    steps_per_epoch = len(sampler) // accum  # optimizer steps
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(sampler)} micro batches per learner cannot make one step of {accum} accumulations")
+
+    torch.manual_seed(conf.train.seed)  # same initial weights everywhere; attach() makes sure of it
+    model = exp.build_model(train_set.cache.dim)
+    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf,
+                                                   mpu=strategy.mpu())
+    strategy.attach(engine)
+    device, dtype = engine.device, next(engine.module.parameters()).dtype
+
+    first_epoch, history = 1, []
+    prior = {"train_wall_s": 0.0, "train_frames": 0}
+    if args.resume and exp.checkpoints():
+        state = exp.load_checkpoint()
+        engine.module.load_state_dict(state["model"])
+        engine.optimizer.load_state_dict(state["optimizer"])
+        first_epoch = state["epoch"] + 1
+        prior = {"train_wall_s": state["train_wall_s"], "train_frames": state["train_frames"]}
+        history = [json.loads(line) for line in (exp.root / "train_log.jsonl").read_text().splitlines()
+                   if json.loads(line)["epoch"] <= state["epoch"]]
+        log.info("resumed from %s (epoch %d)", state["path"], state["epoch"])
+    if is_main:  # the log holds exactly the epochs of the checkpoint being continued
+        (exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        log.info("strategy=%s learners=%d nodes=%d global_batch=%d steps/epoch=%d params=%d threads=%d",
+                 strategy.name, layout.world_size, layout.nodes, global_batch, steps_per_epoch,
+                 count_parameters(engine.module), torch.get_num_threads())
+
+    train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
+    for epoch in range(first_epoch, conf.train.epochs + 1):
+        torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
+        engine.train()
+        t0, frames, loss_sum, step = time.perf_counter(), 0, 0.0, 0
+        for micro_step, batch in enumerate(sampler.rank_batches(epoch)[: steps_per_epoch * accum]):
+            step = micro_step // accum
+            lr = learning_rate(conf.optim, global_batch, epoch - 1 + (step + 1) / steps_per_epoch)
+            for group in engine.optimizer.param_groups:
+                group["lr"] = lr
+            b = train_set.collate(batch)
+            logits, out_lengths = engine(b["feats"].to(device, dtype), b["lengths"].to(device))
+            loss = ctc_loss(logits, out_lengths, b["targets"].to(device), b["target_lengths"].to(device))
+            engine.backward(loss)
+            engine.step()
+            if engine.is_gradient_accumulation_boundary():
+                strategy.after_step(engine)
+            frames += int(b["lengths"].sum())
+            loss_sum += loss.item()
+            if is_main and (micro_step + 1) % conf.train.log_interval == 0:
+                elapsed = time.perf_counter() - t0
+                log.info("epoch %d step %d/%d loss %.3f lr %.2e  %.0f frames/s per learner", epoch, step + 1,
+                         steps_per_epoch, loss_sum / (micro_step + 1), lr, frames / elapsed)
+        n_micro = steps_per_epoch * accum
+        epoch_wall = time.perf_counter() - t0
+        epoch_frames, train_loss = all_sum([frames, loss_sum / n_micro])
+        train_wall += epoch_wall
+        train_frames += int(epoch_frames)
+
+        totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
+        totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
+        record = {"epoch": epoch, "train_loss": train_loss / layout.world_size, "lr": lr,
+                  "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
+                  **rates(totals)}
+        if is_main:
+            exp.save_checkpoint({"model": strategy.consensus(engine).state_dict(),
+                                 "optimizer": engine.optimizer.state_dict(), "epoch": epoch,
+                                 "train_wall_s": train_wall, "train_frames": train_frames},
+                                epoch, conf.train.keep_checkpoints)
+            with open(exp.root / "train_log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            log.info("epoch %d done: train loss %.3f  held-out loss %.3f  CER %.2f%%  WER %.2f%%  %.0f frames/s  "
+                     "%.0f s", epoch, record["train_loss"], record["heldout_loss"], 100 * record["cer"],
+                     100 * record["wer"], record["train_frames_per_s"], epoch_wall)
+        history.append(record)
+        dist.barrier()  # nobody starts the next epoch (or exits) while the checkpoint is being written
+
+    strategy.close()
+    last = history[-1]
+    metrics = {"strategy": strategy.name, "learners": layout.world_size, "nodes": layout.nodes,
+               "micro_batch": micro, "gradient_accumulation_steps": accum, "global_batch": global_batch,
+               "epochs": conf.train.epochs, "params": count_parameters(engine.module),
+               "wall_s": train_wall, "train_frames_per_s": train_frames / max(train_wall, 1e-9),
+               "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
+               "train_utterances": len(train_set), "test_utterances": len(test_set),
+               "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
+               "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
+                            "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
+    if is_main:
+        (exp.root / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--exp", required=True, help="experiment folder (prepared by stages 1-2)")
+    p.add_argument("--ds-config", required=True, help="DeepSpeed JSON with the strategy's comm section")
+    p.add_argument("--conf", default=None, help="recipe YAML")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in EXP")
+    p.add_argument("--launch-command", default=None, help="recorded in EXP/launch.txt (set by run.sh)")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
+    p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

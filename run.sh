@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# One-command recipe: LSTM acoustic model trained with DeepSpeed (SYNC / ADPSGD / HYBRID from the JSON config).
+#
+#   ./run.sh                                   # everything, built-in synthesized corpus, SYNC on 2 learners
+#   ./run.sh --stage 3 --stop-stage 3 --ds-config ds_configs/tuning/sync_bf16.json train.epochs=20
+#
+# Stages (each logged to EXP/log/stage-N.log and skipped once EXP/.done/stage-N exists):
+#   0 set up the virtual environment (.venv: torch==2.13.0, then requirements.txt)
+#   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir; write EXP/data
+#   2 features         log-mel + deltas, in parallel, cached by feature config
+#   3 train            the deepspeed launcher starts the learners (recipe/train.py)
+#   4 evaluate         decode the held-out set with the final model: EXP/decode
+#   5 report           table on the terminal, EXP/report.png
+set -euo pipefail
+cd "$(dirname "$0")"
+
+stage=0
+stop_stage=5
+conf=recipe/conf/default.yaml
+ds_config=ds_configs/sync.json
+learners=2
+hostfile=
+exp=exp/sync
+train_dir=
+test_dir=
+resume=false
+master_port=29500
+python=${PYTHON:-python3.11}
+
+usage() {
+  cat <<USAGE
+Usage: ./run.sh [options] [key=value ...]
+
+Options:
+  --stage N          first stage to run (default $stage); stages: 0 setup, 1 data, 2 features, 3 train,
+                     4 evaluate, 5 report
+  --stop-stage M     last stage to run (default $stop_stage)
+  --conf FILE        recipe YAML: data, features, model, optimizer, schedule (default $conf)
+  --ds-config FILE   DeepSpeed JSON: engine settings and the strategy ("comm" section) (default $ds_config)
+  --learners N       learner processes on this machine (default $learners)
+  --hostfile FILE    multi-node: DeepSpeed hostfile ("host slots=N" lines); the launcher starts the learners
+                     on every host (passwordless ssh, same path on every host); --learners is then ignored
+  --exp DIR          experiment folder (default $exp); corpora and feature caches go to its parent folder
+  --train-dir DIR    your own Kaldi-style data dir for training (wav.scp, text, [utt2spk], [segments])
+  --test-dir DIR     your own Kaldi-style held-out data dir
+  --resume           stage 3 continues from the latest checkpoint in EXP/checkpoints
+  --master-port P    rendezvous port for the learners (default $master_port)
+  -h, --help         this help
+  key=value          overrides of the YAML, e.g. train.epochs=20 model.hidden=512 features.cmvn=global
+
+A stage that has finished is skipped on the next run (marker EXP/.done/stage-N); start again from a stage
+with --stage N. Python: \$PYTHON (default python3.11) makes the virtual environment .venv.
+USAGE
+}
+
+overrides=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stage) stage=$2; shift 2 ;;
+    --stop-stage) stop_stage=$2; shift 2 ;;
+    --conf) conf=$2; shift 2 ;;
+    --ds-config) ds_config=$2; shift 2 ;;
+    --learners) learners=$2; shift 2 ;;
+    --hostfile) hostfile=$2; shift 2 ;;
+    --exp) exp=$2; shift 2 ;;
+    --train-dir) train_dir=$2; shift 2 ;;
+    --test-dir) test_dir=$2; shift 2 ;;
+    --resume) resume=true; shift ;;
+    --master-port) master_port=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *=*) overrides+=("$1"); shift ;;
+    *) echo "run.sh: unknown option '$1' (see ./run.sh --help)" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$train_dir$test_dir" ]; then
+  if [ -z "$train_dir" ] || [ -z "$test_dir" ]; then echo "run.sh: give both --train-dir and --test-dir" >&2; exit 2; fi
+  overrides=(data.corpus=kaldi "data.train_dir=$(realpath "$train_dir")" "data.test_dir=$(realpath "$test_dir")" ${overrides[@]+"${overrides[@]}"})
+fi
+for f in "$conf" "$ds_config" ${hostfile:+"$hostfile"}; do
+  [ -f "$f" ] || { echo "run.sh: file not found: $f" >&2; exit 2; }
+done
+
+mkdir -p "$exp/log" "$exp/.done"
+venv=.venv
+py="$venv/bin/python"
+conf_args=(--conf "$conf" ${overrides[@]+"${overrides[@]}"})
+
+# run_stage N NAME COMMAND...: log to EXP/log/stage-N.log (and the terminal), mark done on success
+run_stage() {
+  local n=$1 name=$2; shift 2
+  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
+  if [ -f "$exp/.done/stage-$n" ]; then echo "== stage $n ($name): done before, skipped (rm $exp/.done/stage-$n to redo)"; return 0; fi
+  echo "== stage $n ($name): $(date '+%F %T')"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$exp/log/stage-$n.log"
+  touch "$exp/.done/stage-$n"
+  echo "== stage $n ($name) finished in $((SECONDS - t0)) s"
+}
+
+setup() {
+  # Keyed on requirements.txt, so a changed pin reinstalls; the venv is shared by every experiment.
+  local key; key=$(sha1sum requirements.txt | cut -c1-12)
+  if [ -f "$venv/.setup-$key" ]; then echo "virtual environment $venv is up to date"; return 0; fi
+  [ -x "$py" ] || "$python" -m venv "$venv"
+  "$py" -m pip install -q --upgrade pip
+  # torch first and alone: the pinned CPU build comes from the local wheel cache on our machines
+  "$py" -m pip install -q torch==2.13.0
+  "$py" -m pip install -q -r requirements.txt
+  touch "$venv/.setup-$key"
+}
+
+train() {
+  local launch=("$venv/bin/deepspeed" --master_port "$master_port")
+  if [ -n "$hostfile" ]; then launch+=(--hostfile "$hostfile"); else launch+=(--num_gpus "$learners"); fi
+  local args=(recipe/train.py --exp "$exp" --ds-config "$ds_config" "${conf_args[@]}")
+  if [ "$resume" = true ]; then args+=(--resume); fi
+  "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
+}
+
+# stage 0 always checks the venv (cheaply), so later stages never run without it
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  echo "== stage 0 (setup): $(date '+%F %T')"; setup 2>&1 | tee "$exp/log/stage-0.log"
+fi
+[ -x "$py" ] || { echo "run.sh: no virtual environment in $venv; run stage 0 first" >&2; exit 2; }
+run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" "${conf_args[@]}"
+run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
+run_stage 3 "train" train
+run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then  # the report is cheap: always redrawn
+  "$py" -m recipe.report --exp "$exp"
+fi

@@ -1,0 +1,48 @@
+"""The training entry point on two learners: resume equals uninterrupted training; metrics are complete."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torch
+
+from tests.conftest import REPO, TINY, run_learners
+
+
+def train_learner(rank: int, world: int, argv: list[str]):
+    from recipe.train import parse_args, train
+
+    return train(parse_args(argv))
+
+
+def train_run(exp, *extra):
+    argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / "sync.json"), *TINY, *extra]
+    return run_learners(train_learner, 2, argv)
+
+
+def log_without_times(exp):
+    rows = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rows]
+
+
+def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for exp in (straight, resumed):
+        shutil.copytree(tiny_exp, exp)
+    metrics, _ = train_run(straight, "train.epochs=2")
+    train_run(resumed, "train.epochs=1")
+    assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-001.pt"]
+    train_run(resumed, "train.epochs=2", "--resume")
+
+    a = torch.load(straight / "checkpoints" / "epoch-002.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "epoch-002.pt", weights_only=True)
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    assert log_without_times(straight) == log_without_times(resumed)
+
+    for key in ("strategy", "learners", "nodes", "global_batch", "epochs", "params", "wall_s",
+                "train_frames_per_s", "heldout_loss", "cer", "wer"):
+        assert key in metrics, key
+    assert metrics["strategy"] == "sync" and metrics["learners"] == 2 and metrics["global_batch"] == 32
+    assert json.loads((straight / "metrics.json").read_text())["cer"] == metrics["cer"]
