@@ -46,23 +46,23 @@ class ModelConf:
     input_dim: int = 0  # 0: taken from the features; otherwise must match them
     output_dim: int = 0  # 0: taken from the token set (CTC); otherwise must match it
     layers: int = 3
-    hidden: int = 256  # cells per direction
+    hidden: int = 192  # cells per direction
     bidirectional: bool = True
     bottleneck: int = 0  # linear bottleneck before the output layer; 0 = none
     dropout: float = 0.1
-    stack: int = 3  # frames stacked into one LSTM step (CTC frame-rate reduction); 1 = 10 ms steps
+    stack: int = 4  # frames stacked into one LSTM step (CTC frame-rate reduction); 1 = 10 ms steps
     packed: bool = False  # pack_padded_sequence: fast with cuDNN, slow on CPU (DESIGN.md trap 13)
 
 
 @dataclass
 class OptimConf:
     name: str = "adam"  # sgd | adam | adamw
-    lr: float = 1.0e-3  # at base_batch utterances per global step
+    lr: float = 2.0e-3  # at base_batch utterances per global step
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0
-    base_batch: int = 32  # global batch that lr refers to
+    base_batch: int = 16  # global batch that lr refers to
     batch_scaling: str = "sqrt"  # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p
-    warmup_epochs: float = 1.0  # linear warm-up from 0 over this many epochs of global progress
+    warmup_epochs: float = 0.3  # linear warm-up from 0 over this many epochs of global progress
     anneal_start_epoch: int = 6  # from this epoch on (1-based), lr *= anneal_factor every epoch
     anneal_factor: float = 0.7071067811865476  # 1/sqrt(2), as in the paper
 
@@ -102,7 +102,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as err:
         where = f"{path}" if path else "command-line overrides"
-        raise ConfigError(f"{where}: {err.__class__.__name__}: {err}".splitlines()[0]) from None
+        key = getattr(err, "full_key", None)
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"{where}: {key}: {reason}" if key else f"{where}: {reason}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg

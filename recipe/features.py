@@ -23,6 +23,7 @@ import numpy as np
 import soundfile
 import soxr
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from recipe.data import DataError, Utterance
@@ -54,8 +55,9 @@ def compute_features(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np
     hop = int(round(sample_rate * conf.hop_ms / 1000))
     if len(wave) < win:
         return np.zeros((0, feature_dim(conf)), np.float32)
-    n_fft = 1 << (win - 1).bit_length()
-    mel = librosa.feature.melspectrogram(y=wave, sr=sample_rate, n_fft=n_fft, hop_length=hop, win_length=win,
+    # n_fft = window: every frame is exactly one window of samples (a power-of-two n_fft would make librosa
+    # frame n_fft samples and lose frames at the end)
+    mel = librosa.feature.melspectrogram(y=wave, sr=sample_rate, n_fft=win, hop_length=hop, win_length=win,
                                          center=False, n_mels=conf.n_mels, power=2.0)
     logmel = np.log(np.maximum(mel, 1e-10))  # (n_mels, frames)
     if conf.deltas:
@@ -98,11 +100,13 @@ def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, co
     jobs = [_Job(u, sample_rate, OmegaConf.to_container(conf)) for u in utts]
     t0 = time.perf_counter()
     offset, audio_seconds = 0, 0.0
+    console = Console(stderr=True)  # the bar on the terminal; the stage's log (stdout) stays clean
     columns = [TextColumn(f"features {name}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[fps]:>8.0f} frames/s"), TimeRemainingColumn()]
     with open(tmp / "feats.f32", "wb") as feats, open(tmp / "index.tsv", "w") as index, \
             mp.get_context("fork").Pool(max(1, conf.num_workers)) as pool, \
-            Progress(*columns, disable=not progress, transient=True) as bar:
+            Progress(*columns, console=console, disable=not (progress and console.is_terminal),
+                     transient=True) as bar:
         task = bar.add_task("", total=len(jobs), fps=0.0)
         # imap keeps utterance order, so the cache is identical whatever the number of workers
         for job, (x, seconds) in zip(jobs, pool.imap(_extract_one, jobs, chunksize=8)):

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                                                 "(default: the experiment folder's parent)")
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
     args = p.parse_intermixed_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     exp = Path(args.exp).resolve()
     work = Path(args.work).resolve() if args.work else exp.parent
     exp.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,8 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from comm import ProcessLayout, build_strategy
 from model.lstm import count_parameters, ctc_loss
@@ -54,6 +56,18 @@ def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     cls = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
     return cls(params, lr=lr, weight_decay=optim.weight_decay)
+
+
+def progress_bar(enabled: bool):
+    """A live bar on stderr when it is a terminal; the log lines go to stdout (run.sh tees them to a file)."""
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[fps]:>7.0f} frames/s"),
+                   TimeRemainingColumn(), console=console, disable=not (enabled and console.is_terminal),
+                   transient=True)
+    task = bar.add_task("", total=1, loss=0.0, fps=0.0)
+    bar.start()
+    return bar, task
 
 
 def all_sum(values: list[float]) -> list[float]:
@@ -91,13 +105,7 @@ def train(args) -> dict:
     if steps_per_epoch == 0:
         raise ValueError(f"{len(sampler)} micro batches per learner cannot make one step of {accum} accumulations")
 
-    torch.manual_seed(conf.train.seed)  # same initial weights everywhere; attach() makes sure of it
-    model = exp.build_model(train_set.cache.dim)
-    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0))
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf,
-                                                   mpu=strategy.mpu())
-    strategy.attach(engine)
-    device, dtype = engine.device, next(engine.module.parameters()).dtype
+    engine = build_engine(exp, conf, engine_conf, strategy, train_set.cache.dim, global_batch)
 
     first_epoch, history = 1, []
     prior = {"train_wall_s": 0.0, "train_frames": 0}
@@ -117,24 +125,22 @@ def train(args) -> dict:
                  count_parameters(engine.module), torch.get_num_threads())
 
     train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
+    bar, task = progress_bar(enabled=is_main)
     for epoch in range(first_epoch, conf.train.epochs + 1):
         torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
         engine.train()
         t0, frames, loss_sum, step = time.perf_counter(), 0, 0.0, 0
+        bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
         for micro_step, batch in enumerate(sampler.rank_batches(epoch)[: steps_per_epoch * accum]):
             step = micro_step // accum
             lr = learning_rate(conf.optim, global_batch, epoch - 1 + (step + 1) / steps_per_epoch)
             for group in engine.optimizer.param_groups:
                 group["lr"] = lr
             b = train_set.collate(batch)
-            logits, out_lengths = engine(b["feats"].to(device, dtype), b["lengths"].to(device))
-            loss = ctc_loss(logits, out_lengths, b["targets"].to(device), b["target_lengths"].to(device))
-            engine.backward(loss)
-            engine.step()
-            if engine.is_gradient_accumulation_boundary():
-                strategy.after_step(engine)
+            loss_sum += train_step(engine, strategy, b)
             frames += int(b["lengths"].sum())
-            loss_sum += loss.item()
+            bar.update(task, advance=1, loss=loss_sum / (micro_step + 1),
+                       fps=frames * layout.world_size / (time.perf_counter() - t0))
             if is_main and (micro_step + 1) % conf.train.log_interval == 0:
                 elapsed = time.perf_counter() - t0
                 log.info("epoch %d step %d/%d loss %.3f lr %.2e  %.0f frames/s per learner", epoch, step + 1,
@@ -163,6 +169,7 @@ def train(args) -> dict:
         history.append(record)
         dist.barrier()  # nobody starts the next epoch (or exits) while the checkpoint is being written
 
+    bar.stop()
     strategy.close()
     last = history[-1]
     metrics = {"strategy": strategy.name, "learners": layout.world_size, "nodes": layout.nodes,
@@ -177,6 +184,31 @@ def train(args) -> dict:
     if is_main:
         (exp.root / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return metrics
+
+
+def build_engine(exp: Experiment, conf, engine_conf: dict, strategy, input_dim: int, global_batch: int):
+    """Model + optimizer -> DeepSpeed engine, data-parallel group from the strategy, learners in step."""
+    import deepspeed
+
+    torch.manual_seed(conf.train.seed)  # same initial weights everywhere; attach() makes sure of it
+    model = exp.build_model(input_dim)
+    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
+    strategy.attach(engine)
+    return engine
+
+
+def train_step(engine, strategy, batch: dict) -> float:
+    """One micro batch: forward, CTC loss, backward (DeepSpeed reduces as its group says), step, hooks."""
+    dtype = next(engine.module.parameters()).dtype
+    logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
+    loss = ctc_loss(logits, out_lengths, batch["targets"].to(engine.device),
+                    batch["target_lengths"].to(engine.device))
+    engine.backward(loss)
+    engine.step()
+    if engine.is_gradient_accumulation_boundary():
+        strategy.after_step(engine)
+    return loss.item()
 
 
 def parse_args(argv=None):
@@ -194,7 +226,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     train(args)
     return 0

@@ -1,0 +1,82 @@
+"""Configuration: one source of truth per setting, unknown names rejected with the valid ones listed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from comm import ProcessLayout, build_strategy
+from comm.layout import LayoutError
+from recipe.config import ConfigError, load_config
+from recipe.ds_config import load_ds_config
+from recipe.schedule import learning_rate
+from tests.conftest import REPO
+
+
+def test_defaults_file_and_overrides_in_that_order(tmp_path):
+    (tmp_path / "c.yaml").write_text("model:\n  hidden: 64\n  layers: 2\n")
+    conf = load_config(tmp_path / "c.yaml", ["model.layers=5"])
+    assert (conf.model.hidden, conf.model.layers, conf.model.stack) == (64, 5, 3)
+
+
+def test_unknown_keys_and_values_are_errors(tmp_path):
+    with pytest.raises(ConfigError, match="model.hiden"):
+        load_config(None, ["model.hiden=3"])
+    (tmp_path / "c.yaml").write_text("optim:\n  nme: sgd\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml.*nme"):
+        load_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="features.cmvn='speakr' is not one of: global, speaker, utterance"):
+        load_config(None, ["features.cmvn=speakr"])
+    with pytest.raises(ConfigError, match="needs data.train_dir and data.test_dir"):
+        load_config(None, ["data.corpus=kaldi"])
+
+
+def test_every_shipped_config_loads():
+    for yaml in (REPO / "recipe" / "conf").glob("*.yaml"):
+        load_config(yaml)
+    for path in (REPO / "ds_configs").rglob("*.json"):
+        engine, comm = load_ds_config(path)
+        build_strategy(comm, ProcessLayout())
+        assert "comm" not in engine
+
+
+def test_strategy_registry_rejects_unknown_names_and_options():
+    with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: sync"):
+        build_strategy({"strategy": "asgd"}, ProcessLayout())
+    with pytest.raises(ValueError, match=r"options \['period'\] are unknown to strategy 'sync'"):
+        build_strategy({"strategy": "sync", "period": 2}, ProcessLayout())
+
+
+def test_ds_json_may_not_hold_what_the_yaml_owns(tmp_path):
+    base = json.loads((REPO / "ds_configs" / "sync.json").read_text())
+    for key in ("optimizer", "scheduler", "train_batch_size"):
+        (tmp_path / "x.json").write_text(json.dumps({**base, key: {}}))
+        with pytest.raises(ConfigError, match=f"'{key}' is not set in the DeepSpeed JSON"):
+            load_ds_config(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text('{"train_micro_batch_size_per_gpu": 4,\n "comm": }')
+    with pytest.raises(ConfigError, match=r"x\.json:2:\d+: invalid JSON"):
+        load_ds_config(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text('{"train_micro_batch_size_per_gpu": 4}')
+    with pytest.raises(ConfigError, match='needs a "comm" section'):
+        load_ds_config(tmp_path / "x.json")
+
+
+def test_layout_validation_prints_every_factor():
+    assert ProcessLayout.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_SIZE": "2",
+                                   "CROSS_RANK": "1", "CROSS_SIZE": "2"}).node_rank == 1
+    with pytest.raises(LayoutError, match=r"3 x 2 != world_size \(world_size=5 .*local_size=2"):
+        ProcessLayout(rank=0, world_size=5, local_size=2, nodes=3)
+
+
+def test_learning_rate_schedule():
+    optim = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=1",
+                               "optim.anneal_start_epoch=3", "optim.batch_scaling=linear"]).optim
+    assert learning_rate(optim, 256, 0.5) == pytest.approx(0.05)  # halfway through warm-up
+    assert learning_rate(optim, 256, 1.5) == pytest.approx(0.1)
+    assert learning_rate(optim, 1024, 1.5) == pytest.approx(0.4)  # linear scaling with the global batch
+    assert learning_rate(optim, 256, 2.5) == pytest.approx(0.1 / 2 ** 0.5)  # epoch 3: first anneal
+    assert learning_rate(optim, 256, 3.5) == pytest.approx(0.05)  # epoch 4: (1/sqrt 2)^2
+    sqrt = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=0",
+                              "optim.batch_scaling=sqrt"]).optim
+    assert learning_rate(sqrt, 1024, 0.5) == pytest.approx(0.2)

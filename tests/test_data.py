@@ -1,0 +1,132 @@
+"""Bad input is found before training, with an error naming the file, line and utterance (or skipped and
+counted where Kaldi's fix_data_dir.sh would drop it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile
+
+from recipe.data import (DataError, build_tokens, check_tokens, load_data_dir, read_tokens, write_data_dir,
+                         write_tokens)
+
+SR = 16000
+
+
+def make_dir(root, utts: dict[str, str], seconds: float = 1.0, extra_wav: dict[str, str] | None = None):
+    """A data dir with one tone in noise per utterance; utts: utt -> transcript."""
+    d = root / "data"
+    (root / "wav").mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
+    scp = []
+    for i, utt in enumerate(sorted(utts)):
+        path = root / "wav" / f"{utt}.wav"
+        t = np.arange(int(seconds * SR)) / SR
+        noise = np.random.default_rng(i).standard_normal(len(t))
+        soundfile.write(path, 0.1 * np.sin(2 * np.pi * (200 + 50 * i) * t) + 0.01 * noise, SR)
+        scp.append(f"{utt} {path}")
+    scp += [f"{k} {v}" for k, v in (extra_wav or {}).items()]
+    (d / "wav.scp").write_text("\n".join(scp) + "\n")
+    (d / "text").write_text("".join(f"{u} {t}\n" for u, t in sorted(utts.items())))
+    (d / "utt2spk").write_text("".join(f"{u} {u.split('-')[0]}\n" for u in sorted(utts)))
+    return d
+
+
+def test_a_good_dir_loads_and_round_trips(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one two", "s1-b": "three", "s2-a": "four  five "})
+    utts, skipped = load_data_dir(d)
+    assert [u.utt for u in utts] == ["s1-a", "s1-b", "s2-a"] and not skipped
+    assert utts[2].text == "four five" and utts[2].speaker == "s2"
+    write_data_dir(utts, tmp_path / "copy")
+    again, _ = load_data_dir(tmp_path / "copy")
+    assert again == utts
+
+
+def test_missing_audio_names_file_line_and_utterance(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one"}, extra_wav={"s1-b": str(tmp_path / "nowhere.wav")})
+    (d / "text").write_text("s1-a one\ns1-b two\n")
+    with pytest.raises(DataError, match=r"wav\.scp:2: s1-b: audio file not found"):
+        load_data_dir(d)
+
+
+def test_unreadable_audio(tmp_path):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF\x00\x00garbage" * 10)
+    d = make_dir(tmp_path, {"s1-a": "one"}, extra_wav={"s1-b": str(bad)})
+    (d / "text").write_text("s1-a one\ns1-b two\n")
+    with pytest.raises(DataError, match=r"wav\.scp:2: s1-b: cannot read audio"):
+        load_data_dir(d)
+
+
+def test_duplicate_ids(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one", "s1-b": "two"})
+    (d / "text").write_text("s1-a one\ns1-b two\ns1-a three\n")
+    with pytest.raises(DataError, match=r"text:3: duplicate id 's1-a' \(first on line 1\)"):
+        load_data_dir(d)
+
+
+def test_mismatches_and_empty_transcripts_are_skipped_and_counted(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one", "s1-b": "two", "s1-c": "three"})
+    (d / "text").write_text("s1-a one\ns1-b\ns1-z ghost\n")  # s1-b empty, s1-c no text, s1-z no audio
+    utts, skipped = load_data_dir(d)
+    assert [u.utt for u in utts] == ["s1-a"]
+    assert skipped == {"empty_transcript": 1, "audio_without_text": 1, "text_without_audio": 1}
+
+
+def test_zero_length_audio_is_skipped(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one"})
+    empty = tmp_path / "empty.wav"
+    soundfile.write(empty, np.zeros(0), SR)
+    (d / "wav.scp").write_text((d / "wav.scp").read_text() + f"s1-b {empty}\n")
+    (d / "text").write_text("s1-a one\ns1-b two\n")
+    utts, skipped = load_data_dir(d)
+    assert [u.utt for u in utts] == ["s1-a"] and skipped == {"zero_length_audio": 1}
+
+
+def test_nothing_usable_is_an_error(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one"})
+    (d / "text").write_text("s1-a\n")
+    with pytest.raises(DataError, match="no usable utterances"):
+        load_data_dir(d)
+
+
+def test_non_utf8_text(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one"})
+    (d / "text").write_bytes(b"s1-a caf\xe9\n")
+    with pytest.raises(DataError, match=r"text: not UTF-8"):
+        load_data_dir(d)
+
+
+def test_pipe_entries_are_refused_clearly(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one"})
+    (d / "wav.scp").write_text("s1-a sox in.wav -t wav - |\n")
+    with pytest.raises(DataError, match=r"wav\.scp:1: s1-a: pipe commands"):
+        load_data_dir(d)
+
+
+def test_segments(tmp_path):
+    d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
+    (d / "segments").write_text("u1 rec1 0.0 1.0\nu2 rec1 1.5 -1\n")
+    (d / "text").write_text("u1 one\nu2 two\n")
+    (d / "utt2spk").write_text("u1 s\nu2 s\n")
+    utts, _ = load_data_dir(d)
+    assert [(u.utt, u.start, u.end) for u in utts] == [("u1", 0.0, 1.0), ("u2", 1.5, 3.0)]
+    write_data_dir(utts, tmp_path / "copy")
+    assert load_data_dir(tmp_path / "copy")[0] == utts
+    (d / "segments").write_text("u1 rec1 0.0 1.0\nu2 rec1 2.0 1.0\n")
+    with pytest.raises(DataError, match=r"segments:2: u2: bad time range"):
+        load_data_dir(d)
+    (d / "segments").write_text("u1 rec9 0.0 1.0\n")
+    with pytest.raises(DataError, match=r"segments:1: u1: recording 'rec9' is not in wav.scp"):
+        load_data_dir(d)
+
+
+def test_characters_outside_the_token_set(tmp_path):
+    train, _ = load_data_dir(make_dir(tmp_path / "tr", {"s-a": "abc", "s-b": "b a"}))
+    test, _ = load_data_dir(make_dir(tmp_path / "te", {"s-c": "ab", "s-d": "abz!"}))
+    tokens = build_tokens(train)
+    assert tokens == ["<blank>", " ", "a", "b", "c"]
+    with pytest.raises(DataError, match=r"text: utterance s-d: characters \['!', 'z'\]"):
+        check_tokens(test, tokens, tmp_path / "te" / "data" / "text")
+    write_tokens(tokens, tmp_path / "tokens.txt")
+    assert read_tokens(tmp_path / "tokens.txt") == tokens

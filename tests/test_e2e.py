@@ -1,0 +1,45 @@
+"""End to end: run.sh stages 1-5 on a tiny synthesized corpus, learners started by the real deepspeed launcher."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.conftest import REPO, TINY, free_port
+
+
+def test_run_sh_trains_and_reports(tmp_path):
+    exp = tmp_path / "exp"
+    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "2",
+           "--master-port", str(free_port()), *TINY, "train.epochs=4"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2, 3, 4]
+    assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]  # the loss falls
+    assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
+    metrics = json.loads((exp / "metrics.json").read_text())
+    assert metrics["learners"] == 2 and metrics["strategy"] == "sync" and metrics["train_frames_per_s"] > 0
+    assert len((exp / "decode" / "hyp.txt").read_text().splitlines()) == metrics["test_utterances"]
+    assert (exp / "report.png").stat().st_size > 10_000
+    assert "held-out CER" in out.stdout  # the report table
+    for n in range(1, 5):
+        assert (exp / ".done" / f"stage-{n}").is_file()
+    launch = (exp / "launch.txt").read_text()
+    assert "deepspeed" in launch and "--num_gpus 2" in launch
+
+    # a rerun skips what is done and redraws the report
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("done before, skipped") == 4
+
+
+def test_run_sh_rejects_bad_options_before_doing_work(tmp_path):
+    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "--bogus"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown option '--bogus'" in out.stderr
+    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "model.hiden=3"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode != 0 and "model.hiden" in out.stdout + out.stderr
+    assert "--ds-config FILE" in subprocess.run([str(REPO / "run.sh"), "--help"], cwd=REPO, capture_output=True,
+                                                text=True).stdout

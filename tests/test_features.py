@@ -1,0 +1,95 @@
+"""Feature shapes, resampling, normalization and the on-disk cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import soundfile
+from omegaconf import OmegaConf
+
+from recipe.config import FeatureConf
+from recipe.data import load_data_dir
+from recipe.dataset import BucketBatchSampler, CTCDataset
+from recipe.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
+from tests.test_data import make_dir
+
+CONF = OmegaConf.structured(FeatureConf)
+
+
+def test_shapes_follow_window_and_shift():
+    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32)
+    x = compute_features(wave, 16000, CONF)
+    assert x.shape == (1 + (16000 - 400) // 160, 120) and x.dtype == np.float32
+    assert np.isfinite(x).all()
+    no_deltas = compute_features(wave, 16000, OmegaConf.merge(CONF, {"deltas": False}))
+    np.testing.assert_array_equal(no_deltas, x[:, :40])  # deltas are appended after the static log-mels
+    assert compute_features(wave[:399], 16000, CONF).shape == (0, 120)  # shorter than one window
+
+
+def test_audio_at_any_rate_is_resampled(tmp_path):
+    t = np.arange(8000) / 8000
+    soundfile.write(tmp_path / "a8k.wav", 0.3 * np.sin(2 * np.pi * 440 * t), 8000)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "wav.scp").write_text(f"u {tmp_path / 'a8k.wav'}\n")
+    (tmp_path / "d" / "text").write_text("u la\n")
+    utt = load_data_dir(tmp_path / "d")[0][0]
+    wave = load_audio(utt, 16000)
+    assert len(wave) == 16000
+    spectrum = np.abs(np.fft.rfft(wave))
+    assert abs(np.argmax(spectrum) * 16000 / len(wave) - 440) < 2  # still a 440 Hz tone
+
+
+def test_cache_is_reused_and_keyed_by_config(tmp_path):
+    utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(6)}))
+    first = extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
+    stamp = (first / "feats.f32").stat().st_mtime_ns
+    again = extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
+    assert again == first and (first / "feats.f32").stat().st_mtime_ns == stamp  # found, not recomputed
+    other = extract_features(utts, tmp_path / "feats", "train", OmegaConf.merge(CONF, {"n_mels": 24}), 16000,
+                             progress=False)
+    assert other != first and FeatureCache(other).dim == 72
+    one_worker = extract_features(utts, tmp_path / "feats1", "train", OmegaConf.merge(CONF, {"num_workers": 1}),
+                                  16000, progress=False)
+    cache, cache1 = FeatureCache(first), FeatureCache(one_worker)
+    assert cache.utts == [u.utt for u in utts] and len(cache) == 6
+    np.testing.assert_array_equal(cache.data, cache1.data)  # same bytes whatever the number of workers
+
+
+def test_normalization_modes(tmp_path):
+    utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(6)}, seconds=0.5))
+    cache = FeatureCache(extract_features(utts, tmp_path / "f", "train", CONF, 16000, progress=False))
+    tokens = ["<blank>", " ", "a", "b"]
+    texts = {u.utt: u.text for u in utts}
+    for mode, group_of in (("global", lambda u: "*"), ("speaker", lambda u: u.split("-")[0]),
+                           ("utterance", lambda u: u)):
+        data = CTCDataset(cache, texts, tokens, mode, stack=1)
+        groups: dict[str, list] = {}
+        for k in range(len(data)):
+            groups.setdefault(group_of(data.utt(k)), []).append(data.features(k))
+        for x in groups.values():
+            x = np.concatenate(x)
+            np.testing.assert_allclose(x.mean(0), 0, atol=1e-3)
+            np.testing.assert_allclose(x.std(0), 1, atol=1e-2)
+    raw = CTCDataset(cache, texts, tokens, "none", stack=1)
+    np.testing.assert_array_equal(raw.features(0), cache[0])
+    assert set(cmvn_stats(cache, "speaker")) == {"s0", "s1"}
+
+
+def test_too_short_for_ctc_is_skipped_and_counted(tmp_path):
+    utts, _ = load_data_dir(make_dir(tmp_path, {"s-a": "a b a", "s-b": "aaaa aaaa aaaa"}, seconds=0.1))
+    cache = FeatureCache(extract_features(utts, tmp_path / "f", "x", CONF, 16000, progress=False))
+    data = CTCDataset(cache, {u.utt: u.text for u in utts}, ["<blank>", " ", "a", "b"], "none", stack=1)
+    # 8 frames: enough for 5 tokens, not for 14 tokens with 6 repeats needing blanks in between
+    assert [data.utt(k) for k in range(len(data))] == ["s-a"] and data.skipped == {"too_short_for_ctc": 1}
+
+
+def test_sampler_shards_by_global_rank():
+    lengths = np.random.default_rng(0).integers(50, 500, size=103)
+    samplers = [BucketBatchSampler(lengths, 4, rank=r, world_size=3, seed=1) for r in range(3)]
+    per_rank = [s.rank_batches(2) for s in samplers]
+    assert len({len(b) for b in per_rank}) == 1 == len({len(s) for s in samplers})  # equal step counts
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert len(seen) == len(set(seen)) >= 103 - 3 * 4  # disjoint, at most a few batches dropped
+    assert samplers[0].rank_batches(2) == per_rank[0]  # a pure function of (seed, epoch)
+    assert samplers[0].rank_batches(3) != per_rank[0]  # reshuffled every epoch
+    spread = [np.ptp(lengths[b]) / lengths[b].mean() for batches in per_rank for b in batches]
+    assert np.median(spread) < 0.3  # bucketed: similar lengths in a batch
