@@ -44,5 +44,5 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
     for key in ("strategy", "learners", "nodes", "global_batch", "epochs", "params", "wall_s",
                 "train_frames_per_s", "heldout_loss", "cer", "wer"):
         assert key in metrics, key
-    assert metrics["strategy"] == "sync" and metrics["learners"] == 2 and metrics["global_batch"] == 32
+    assert metrics["strategy"] == "sync" and metrics["learners"] == 2 and metrics["global_batch"] == 16
     assert json.loads((straight / "metrics.json").read_text())["cer"] == metrics["cer"]
