@@ -25,7 +25,7 @@ train_dir=
 test_dir=
 resume=false
 master_port=29500
-python=${PYTHON:-python3.11}
+python=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
 usage() {
   cat <<USAGE
@@ -49,7 +49,7 @@ Options:
   key=value          overrides of the YAML, e.g. train.epochs=20 model.hidden=512 features.cmvn=global
 
 A stage that has finished is skipped on the next run (marker EXP/.done/stage-N); start again from a stage
-with --stage N. Python: \$PYTHON (default python3.11) makes the virtual environment .venv.
+with --stage N. Python: \$PYTHON (default python3.11, else python3) makes the virtual environment .venv.
 USAGE
 }
 
@@ -81,6 +81,8 @@ for f in "$conf" "$ds_config" ${hostfile:+"$hostfile"}; do
 done
 
 mkdir -p "$exp/log" "$exp/.done"
+# progress bars draw on the terminal while stage output is teed into the logs (recipe/progress.py)
+if [ -t 2 ]; then export RECIPE_TTY=1; fi
 venv=.venv
 py="$venv/bin/python"
 conf_args=(--conf "$conf" ${overrides[@]+"${overrides[@]}"})
@@ -122,7 +124,7 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "== stage 0 (setup): $(date '+%F %T')"; setup 2>&1 | tee "$exp/log/stage-0.log"
 fi
 [ -x "$py" ] || { echo "run.sh: no virtual environment in $venv; run stage 0 first" >&2; exit 2; }
-run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" "${conf_args[@]}"
+run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" --ds-config "$ds_config" "${conf_args[@]}"
 run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
 run_stage 3 "train" train
 run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"

@@ -23,10 +23,10 @@ import numpy as np
 import soundfile
 import soxr
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from recipe.data import DataError, Utterance
+from recipe.progress import progress_bar
 
 
 def feature_dim(conf: DictConfig) -> int:
@@ -100,13 +100,11 @@ def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, co
     jobs = [_Job(u, sample_rate, OmegaConf.to_container(conf)) for u in utts]
     t0 = time.perf_counter()
     offset, audio_seconds = 0, 0.0
-    console = Console(stderr=True)  # the bar on the terminal; the stage's log (stdout) stays clean
     columns = [TextColumn(f"features {name}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[fps]:>8.0f} frames/s"), TimeRemainingColumn()]
     with open(tmp / "feats.f32", "wb") as feats, open(tmp / "index.tsv", "w") as index, \
             mp.get_context("fork").Pool(max(1, conf.num_workers)) as pool, \
-            Progress(*columns, console=console, disable=not (progress and console.is_terminal),
-                     transient=True) as bar:
+            progress_bar(*columns, enabled=progress) as bar:
         task = bar.add_task("", total=len(jobs), fps=0.0)
         # imap keeps utterance order, so the cache is identical whatever the number of workers
         for job, (x, seconds) in zip(jobs, pool.imap(_extract_one, jobs, chunksize=8)):

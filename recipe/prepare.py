@@ -15,8 +15,10 @@ import logging
 import sys
 from pathlib import Path
 
+from comm import ProcessLayout, build_strategy
 from recipe.config import ConfigError, load_config
 from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
+from recipe.ds_config import load_ds_config
 from recipe.features import extract_features
 
 log = logging.getLogger("recipe.prepare")
@@ -63,6 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=("data", "features"))
     p.add_argument("--exp", required=True, help="experiment folder")
     p.add_argument("--conf", default=None, help="recipe YAML (default: the schema's defaults)")
+    p.add_argument("--ds-config", default=None, help="checked here too, so a bad strategy or JSON fails before "
+                                                     "hours of preparation rather than after")
     p.add_argument("--work", default=None, help="shared folder for corpora and feature caches "
                                                 "(default: the experiment folder's parent)")
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
@@ -73,11 +77,13 @@ def main(argv=None) -> int:
     exp.mkdir(parents=True, exist_ok=True)
     try:
         conf = load_config(args.conf, args.overrides)
+        if args.ds_config:
+            build_strategy(load_ds_config(args.ds_config)[1], ProcessLayout())
         if args.stage == "data":
             summary = prepare_data(conf, exp, work / "corpus")
         else:
             summary = prepare_features(conf, exp, work / "features")
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, ValueError) as err:
         log.error("%s", err)
         return 2
     print(json.dumps(summary, indent=1, default=str))

@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
-from tqdm import tqdm
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+from recipe.progress import progress_bar
 
 DIGITS = ["zero", "oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
@@ -259,12 +261,16 @@ def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 30
             jobs.append((wav, words, spk, [seed, SPLIT_CODES[split], i, 1], sample_rate))
             entries.append((split, utt, speaker_id(*spk[:3]), wav, " ".join(words), spk[0]))
 
-    bar = dict(total=len(jobs), desc="synthesizing (espeak-ng)", unit="utt", disable=not progress)
     # Processes, not threads: espeak-ng is not thread-safe. Always a spawned pool, even for one worker: the workers
     # fork per utterance, which must not happen in the caller's (possibly large, multi-threaded) process.
     chunksize = max(1, min(16, len(jobs) // (4 * max(1, num_workers))))  # small corpora still use every worker
-    with mp.get_context("spawn").Pool(max(1, num_workers)) as pool:
-        durations = list(tqdm(pool.imap(synth_utterance, jobs, chunksize=chunksize), **bar))
+    columns = (TextColumn("synthesizing (espeak-ng)"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with mp.get_context("spawn").Pool(max(1, num_workers)) as pool, progress_bar(*columns, enabled=progress) as bar:
+        task = bar.add_task("", total=len(jobs))
+        durations = []
+        for seconds in pool.imap(synth_utterance, jobs, chunksize=chunksize):
+            durations.append(seconds)
+            bar.advance(task)
 
     summary: dict = {"out_dir": str(out_dir), "seed": seed, "sample_rate": sample_rate}
     for split in ("train", "test"):

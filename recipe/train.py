@@ -28,8 +28,7 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from comm import ProcessLayout, build_strategy
 from model.lstm import count_parameters, ctc_loss
@@ -38,6 +37,7 @@ from recipe.dataset import BucketBatchSampler
 from recipe.ds_config import load_ds_config
 from recipe.evaluate import TOTAL_KEYS, evaluate, rates
 from recipe.experiment import Experiment
+from recipe.progress import progress_bar
 from recipe.schedule import learning_rate
 
 log = logging.getLogger("recipe.train")
@@ -56,18 +56,6 @@ def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     cls = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
     return cls(params, lr=lr, weight_decay=optim.weight_decay)
-
-
-def progress_bar(enabled: bool):
-    """A live bar on stderr when it is a terminal; the log lines go to stdout (run.sh tees them to a file)."""
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[fps]:>7.0f} frames/s"),
-                   TimeRemainingColumn(), console=console, disable=not (enabled and console.is_terminal),
-                   transient=True)
-    task = bar.add_task("", total=1, loss=0.0, fps=0.0)
-    bar.start()
-    return bar, task
 
 
 def all_sum(values: list[float]) -> list[float]:
@@ -125,7 +113,11 @@ def train(args) -> dict:
                  count_parameters(engine.module), torch.get_num_threads())
 
     train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
-    bar, task = progress_bar(enabled=is_main)
+    bar = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[fps]:>7.0f} frames/s"),
+                       TimeRemainingColumn(), enabled=is_main)
+    task = bar.add_task("", total=1, loss=0.0, fps=0.0)
+    bar.start()
     for epoch in range(first_epoch, conf.train.epochs + 1):
         torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
         engine.train()
@@ -226,8 +218,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO if rank == 0 else logging.WARNING,
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    # our log lines from rank 0 only (every rank reads the same data); other libraries stay at warnings
+    logging.getLogger("recipe").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     train(args)
     return 0
 

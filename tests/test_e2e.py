@@ -41,5 +41,10 @@ def test_run_sh_rejects_bad_options_before_doing_work(tmp_path):
     out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "model.hiden=3"],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode != 0 and "model.hiden" in out.stdout + out.stderr
+    (tmp_path / "bad.json").write_text('{"train_micro_batch_size_per_gpu": 4, "comm": {"strategy": "gossip"}}')
+    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "--ds-config",
+                          str(tmp_path / "bad.json")], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode != 0 and "unknown strategy 'gossip'" in out.stdout + out.stderr
+    assert not (tmp_path / "corpus").exists()  # failed before synthesizing anything
     assert "--ds-config FILE" in subprocess.run([str(REPO / "run.sh"), "--help"], cwd=REPO, capture_output=True,
                                                 text=True).stdout
