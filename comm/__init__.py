@@ -1,10 +1,11 @@
 """Distributed training strategies, chosen by name from the DeepSpeed JSON's "comm" section."""
 
+from comm.adpsgd import ADPSGDStrategy
 from comm.base import Strategy
 from comm.layout import LayoutError, ProcessLayout
 from comm.sync import SyncStrategy
 
-STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy, "adpsgd": ADPSGDStrategy}
 
 
 def build_strategy(comm_section: dict, layout: ProcessLayout) -> Strategy:

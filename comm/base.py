@@ -6,6 +6,9 @@ own allreduce does the work); ADPSGD and HYBRID use all of them (DESIGN.md secti
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch.nn as nn
 
 from comm.layout import ProcessLayout
@@ -13,7 +16,12 @@ from comm.layout import ProcessLayout
 
 class Strategy:
     name = "base"
-    options: dict = {}  # the keys this strategy accepts in the JSON "comm" section, with their defaults
+    # the keys this strategy accepts in the JSON "comm" section, with their defaults. debug.slowdown
+    # {"rank": factor} makes those learners stragglers for experiments: each step then takes factor x as long.
+    options: dict = {"debug": {}}
+    # True: learners draw batches independently from the whole training set and an epoch ends on a global
+    # count of utterances, so fast learners do more of the work (DESIGN.md trap 9). False: equal shards.
+    independent_sampling = False
 
     def __init__(self, layout: ProcessLayout, options: dict):
         self.layout = layout
@@ -22,6 +30,12 @@ class Strategy:
             raise ValueError(f'"comm" options {unknown} are unknown to strategy {self.name!r}; '
                              f"valid: {sorted(self.options) or 'none'}")
         self.conf = {**self.options, **options}
+        unknown = sorted(set(self.conf["debug"]) - {"slowdown"})
+        if unknown:
+            raise ValueError(f'"comm.debug" options {unknown} are unknown; valid: slowdown')
+        self.slowdown = float(self.conf["debug"].get("slowdown", {}).get(str(layout.rank), 1.0))
+        if self.slowdown < 1.0:
+            raise ValueError(f"comm.debug.slowdown for rank {layout.rank} must be >= 1, got {self.slowdown}")
 
     def mpu(self):
         """What DeepSpeed treats as its data-parallel group; None means the whole world."""
@@ -35,8 +49,21 @@ class Strategy:
     def attach(self, engine) -> None:
         """After deepspeed.initialize: every learner must start from the same weights."""
 
+    def step_lock_context(self):
+        """Held around the optimizer step (ADPSGD: the gossip merge takes the same lock)."""
+        return contextlib.nullcontext()
+
     def after_step(self, engine) -> None:
         """At every optimizer-step boundary."""
+
+    def straggle(self, step_seconds: float) -> None:
+        """The debug.slowdown switch: stretch this learner's step by its factor."""
+        if self.slowdown > 1.0:
+            time.sleep((self.slowdown - 1.0) * step_seconds)
+
+    def end_epoch(self, engine) -> dict:
+        """At the end of an epoch, on every learner; -> statistics for the training log."""
+        return {}
 
     def consensus(self, engine) -> nn.Module:
         """The model to evaluate and checkpoint: the same on every learner."""

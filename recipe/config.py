@@ -63,13 +63,13 @@ class OptimConf:
     base_batch: int = 16  # global batch that lr refers to
     batch_scaling: str = "sqrt"  # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p
     warmup_epochs: float = 0.3  # linear warm-up from 0 over this many epochs of global progress
-    anneal_start_epoch: int = 5  # from this epoch on (1-based), lr *= anneal_factor every epoch
+    anneal_start_epoch: int = 4  # from this epoch on (1-based), lr *= anneal_factor every epoch
     anneal_factor: float = 0.7071067811865476  # 1/sqrt(2), as in the paper
 
 
 @dataclass
 class TrainConf:
-    epochs: int = 8
+    epochs: int = 6
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
     log_interval: int = 20  # steps between progress lines

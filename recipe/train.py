@@ -95,6 +95,25 @@ def train(args) -> dict:
 
     engine = build_engine(exp, conf, engine_conf, strategy, train_set.cache.dim, global_batch)
 
+    def epoch_batches(epoch: int):
+        """-> (micro batch, fraction of the epoch done by all learners together once it is trained)."""
+        if not strategy.independent_sampling:
+            for i, batch in enumerate(sampler.rank_batches(epoch)[: steps_per_epoch * accum]):
+                yield batch, (i // accum + 1) / steps_per_epoch
+            return
+        # Every learner walks its own shuffle of ALL batches; the epoch ends once the learners together have
+        # taken as many utterances as the training set has. The default store's add() is an atomic global
+        # counter, so a fast learner simply takes more batches than a slow one (DESIGN.md trap 9).
+        store = dist.distributed_c10d._get_default_store()
+        own = BucketBatchSampler(train_set.lengths, micro, seed=conf.train.seed * 100_003 + layout.rank + 1)
+        key, total = f"epoch-{epoch}-utterances", len(train_set)
+        while True:
+            for batch in own.epoch_batches(epoch):
+                taken = store.add(key, len(batch))
+                if taken - len(batch) >= total:
+                    return
+                yield batch, min(1.0, taken / total)
+
     first_epoch, history = 1, []
     prior = {"train_wall_s": 0.0, "train_frames": 0}
     if args.resume and exp.checkpoints():
@@ -121,33 +140,36 @@ def train(args) -> dict:
     for epoch in range(first_epoch, conf.train.epochs + 1):
         torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
         engine.train()
-        t0, frames, loss_sum, step = time.perf_counter(), 0, 0.0, 0
+        t0, frames, loss_sum = time.perf_counter(), 0, 0.0
         bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
-        for micro_step, batch in enumerate(sampler.rank_batches(epoch)[: steps_per_epoch * accum]):
-            step = micro_step // accum
-            lr = learning_rate(conf.optim, global_batch, epoch - 1 + (step + 1) / steps_per_epoch)
+        for micro_step, (batch, progress) in enumerate(epoch_batches(epoch)):
+            lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
             for group in engine.optimizer.param_groups:
                 group["lr"] = lr
             b = train_set.collate(batch)
+            t_step = time.perf_counter()
             loss_sum += train_step(engine, strategy, b)
+            strategy.straggle(time.perf_counter() - t_step)
             frames += int(b["lengths"].sum())
             bar.update(task, advance=1, loss=loss_sum / (micro_step + 1),
                        fps=frames * layout.world_size / (time.perf_counter() - t0))
             if is_main and (micro_step + 1) % conf.train.log_interval == 0:
                 elapsed = time.perf_counter() - t0
-                log.info("epoch %d step %d/%d loss %.3f lr %.2e  %.0f frames/s per learner", epoch, step + 1,
-                         steps_per_epoch, loss_sum / (micro_step + 1), lr, frames / elapsed)
-        n_micro = steps_per_epoch * accum
+                log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
+                         loss_sum / (micro_step + 1), lr, frames / elapsed)
+        n_micro = micro_step + 1
         epoch_wall = time.perf_counter() - t0
         epoch_frames, train_loss = all_sum([frames, loss_sum / n_micro])
+        micro_steps = [int(n) for n in all_sum([n_micro if r == layout.rank else 0 for r in range(layout.world_size)])]
         train_wall += epoch_wall
         train_frames += int(epoch_frames)
+        strategy_stats = strategy.end_epoch(engine)
 
         totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
         totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
         record = {"epoch": epoch, "train_loss": train_loss / layout.world_size, "lr": lr,
                   "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
-                  **rates(totals)}
+                  "learner_micro_steps": micro_steps, **rates(totals), **strategy_stats}
         if is_main:
             exp.save_checkpoint({"model": strategy.consensus(engine).state_dict(),
                                  "optimizer": engine.optimizer.state_dict(), "epoch": epoch,
@@ -171,6 +193,7 @@ def train(args) -> dict:
                "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
                "train_utterances": len(train_set), "test_utterances": len(test_set),
                "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
+               **{k: v for k, v in last.items() if k.startswith("gossip_") or k == "consensus_distance"},
                "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
     if is_main:
@@ -197,7 +220,8 @@ def train_step(engine, strategy, batch: dict) -> float:
     loss = ctc_loss(logits, out_lengths, batch["targets"].to(engine.device),
                     batch["target_lengths"].to(engine.device))
     engine.backward(loss)
-    engine.step()
+    with strategy.step_lock_context():
+        engine.step()
     if engine.is_gradient_accumulation_boundary():
         strategy.after_step(engine)
     return loss.item()

@@ -1,0 +1,135 @@
+"""ADPSGD: asynchronous decentralized parallel SGD (Lian et al. 2018), as in Zhang et al. 2019.
+
+Every learner keeps its own weights and steps on its own gradients: DeepSpeed is given a data-parallel group
+of one learner (through `mpu`), so it reduces nothing (and its fp16 overflow check stays local: DESIGN.md
+trap 5). Beside the compute thread a gossip thread keeps averaging the weights with one neighbour at a time
+(comm/gossip.py), paired by a bipartite schedule (comm/topology.py). At the end of an epoch the learners stop
+gossip at an agreed round and average their weights over the world: that consensus model is evaluated and
+checkpointed, and every learner continues from it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from comm.base import Strategy
+from comm.gossip import EXCHANGE_DTYPES, GossipThread
+from comm.topology import PairingSchedule
+
+
+class SingletonMPU:
+    """What DeepSpeed's `mpu` argument needs: data- and model-parallel groups holding this learner alone."""
+
+    def __init__(self, rank: int, world_size: int):
+        # new_group is collective: every learner creates every group, in the same order
+        groups = [dist.new_group([r]) for r in range(world_size)]
+        self.group = groups[rank]
+
+    def get_data_parallel_group(self):
+        return self.group
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_data_parallel_world_size(self) -> int:
+        return 1
+
+    get_model_parallel_group = get_data_parallel_group
+    get_model_parallel_rank = get_data_parallel_rank
+    get_model_parallel_world_size = get_data_parallel_world_size
+
+
+class ADPSGDStrategy(Strategy):
+    name = "adpsgd"
+    options = {
+        **Strategy.options,
+        "schedule": "ring",  # ring | exponential (comm/topology.py)
+        "period": 1,  # optimizer steps between gossip rounds; 0 = continuously
+        "exchange_dtype": "fp32",  # fp32 | bf16 | fp16: bf16/fp16 halve the bytes on the wire
+    }
+    independent_sampling = True
+
+    def __init__(self, layout, options):
+        super().__init__(layout, options)
+        self.schedule = PairingSchedule(layout.world_size, self.conf["schedule"])
+        if self.conf["exchange_dtype"] not in EXCHANGE_DTYPES:
+            raise ValueError(f"comm.exchange_dtype={self.conf['exchange_dtype']!r}; valid: {', '.join(EXCHANGE_DTYPES)}")
+        if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
+            raise ValueError(f"comm.period must be an integer >= 0, got {self.conf['period']!r}")
+        self.step_lock = threading.Lock()
+        self._mpu = None
+        self._group = None
+        self._thread: GossipThread | None = None
+        self._params: list[torch.Tensor] = []
+        self.rounds = 0
+        self.bytes_sent = 0
+        self.exchange_seconds = 0.0
+
+    @property
+    def data_parallel_size(self) -> int:
+        return 1
+
+    def mpu(self):
+        if self._mpu is None:
+            self._mpu = SingletonMPU(self.layout.rank, self.layout.world_size)
+        return self._mpu
+
+    def attach(self, engine) -> None:
+        self._params = [p for p in engine.module.parameters()]
+        # DeepSpeed broadcast inside a group of one: make every learner start from rank 0's weights (trap 2)
+        with torch.no_grad():
+            for p in self._params:
+                dist.broadcast(p.data, src=0)
+        self._group = dist.new_group(backend="gloo")  # gossip's own communicator (trap 6)
+        self._start_gossip()
+
+    def _peer(self, round_: int) -> int:
+        return self.schedule.peer(self.layout.rank, round_)
+
+    def _start_gossip(self) -> None:
+        self._thread = GossipThread(self._params, self._peer, self._group, self.step_lock, self.conf["period"],
+                                    self.conf["exchange_dtype"], first_round=self.rounds).start()
+
+    def step_lock_context(self):
+        return self.step_lock
+
+    def after_step(self, engine) -> None:
+        self._thread.step_done()
+
+    def _stop_gossip(self) -> None:
+        """Agree on the last round over the world and let every gossip thread run to it."""
+        if self._thread is None:
+            return
+        started = torch.tensor([self._thread.pause()], dtype=torch.int64)
+        dist.all_reduce(started, op=dist.ReduceOp.MAX)
+        self._thread.stop(int(started))
+        self.rounds = int(started)
+        self.bytes_sent += self._thread.bytes_sent
+        self.exchange_seconds += self._thread.exchange_seconds
+        self._thread = None
+
+    def end_epoch(self, engine) -> dict:
+        """Stop gossip, average the weights over the world; -> the consensus distance before averaging."""
+        self._stop_gossip()
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in self._params])
+            mean = flat.clone()
+            dist.all_reduce(mean)
+            mean /= self.layout.world_size
+            # relative distance of this learner from the mean; averaged over learners below
+            stats = torch.tensor([float((flat - mean).norm() / mean.norm().clamp(min=1e-12)) ** 2])
+            dist.all_reduce(stats)
+            offset = 0
+            for p in self._params:
+                p.copy_(mean[offset: offset + p.numel()].view_as(p).to(p.dtype))
+                offset += p.numel()
+        self._start_gossip()
+        return {"consensus_distance": float(stats.sqrt() / self.layout.world_size ** 0.5),
+                "gossip_rounds": self.rounds, "gossip_bytes_sent": self.bytes_sent,
+                "gossip_exchange_s": self.exchange_seconds}
+
+    def close(self) -> None:
+        self._stop_gossip()

@@ -1,0 +1,126 @@
+"""The gossip thread: averages this learner's weights with one peer per round, beside the compute thread.
+
+One round: take a snapshot of the weights (under the step lock), exchange snapshots with the round's peer
+over a gloo group of its own (never a second NCCL communicator beside DeepSpeed's: DESIGN.md trap 6), then
+merge  w += (w_peer - w_snapshot) / 2  under the step lock. Adding the difference rather than overwriting
+keeps every optimizer step taken while the exchange was in flight (trap 7); with no step in between it is
+exactly  w <- (w + w_peer) / 2  on both sides, so the sum of all weights is preserved.
+
+Stopping (trap 8): every thread runs rounds 0, 1, 2, ... in order and its peer in a round is fixed by the
+schedule, so two threads never wait on each other across different rounds. To stop, the learners pause
+(no new round starts), agree on R = the largest number of rounds any of them has started, and every thread
+runs on to exactly R rounds. Each exchange then has its partner, whoever was fast or slow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class GossipThread:
+    def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int | None], group,
+                 step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0):
+        """peer_of_round(r) -> the global rank to exchange with in round r, or None to sit the round out
+        (HYBRID: learners that are not their node's leader). period: optimizer steps between the starts of
+        two rounds; 0 = back to back, continuously."""
+        self.params = params
+        self.peer_of_round = peer_of_round
+        self.group = group
+        self.step_lock = step_lock
+        self.period = period
+        self.dtype = EXCHANGE_DTYPES[exchange_dtype]
+        self.rounds_started = first_round
+        self.bytes_sent = 0
+        self.exchange_seconds = 0.0
+        self.merges_skipped = 0  # peer weights that were not finite
+        self._steps = 0
+        self._stop_at: int | None = None
+        self._paused = False
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gossip", daemon=True)
+
+    def start(self) -> "GossipThread":
+        self._thread.start()
+        return self
+
+    def step_done(self) -> None:
+        """Called by the compute thread after every optimizer step (paces period > 0)."""
+        with self._cond:
+            self._steps += 1
+            self._cond.notify()
+
+    def _next_round(self) -> int | None:
+        """Block until the next round may start; None when the agreed last round is done."""
+        with self._cond:
+            while True:
+                r = self.rounds_started
+                if self._stop_at is not None:
+                    if r >= self._stop_at:
+                        return None
+                    break
+                if not self._paused and (self.period == 0 or self._steps >= self.period):
+                    self._steps = 0
+                    break
+                self._cond.wait()
+            self.rounds_started = r + 1
+            return r
+
+    def _run(self) -> None:
+        try:
+            while (r := self._next_round()) is not None:
+                peer = self.peer_of_round(r)
+                if peer is not None:
+                    self._exchange(peer)
+        except BaseException as err:  # reported by stop() on the compute thread
+            self._error = err
+
+    def _exchange(self, peer: int) -> None:
+        t0 = time.perf_counter()
+        with self.step_lock:
+            snapshot = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in self.params])
+        outgoing = snapshot.to(self.dtype)
+        incoming = torch.empty_like(outgoing)
+        requests = [dist.isend(outgoing, peer, group=self.group), dist.irecv(incoming, peer, group=self.group)]
+        for req in requests:
+            req.wait()
+        self.bytes_sent += outgoing.numel() * outgoing.element_size()
+        if self.dtype != torch.float32:
+            # halved bytes on the wire; merge the peer's rounding error only, not our own
+            snapshot = outgoing.to(torch.float32)
+        incoming = incoming.to(torch.float32)
+        if not torch.isfinite(incoming).all():
+            self.merges_skipped += 1
+        else:
+            delta = (incoming - snapshot).mul_(0.5)
+            with self.step_lock, torch.no_grad():
+                offset = 0
+                for p in self.params:
+                    n = p.numel()
+                    p.add_(delta[offset: offset + n].view_as(p).to(p.device, p.dtype))
+                    offset += n
+        self.exchange_seconds += time.perf_counter() - t0
+
+    def pause(self) -> int:
+        """No new round starts after this; -> rounds started so far (to agree on the last one)."""
+        with self._cond:
+            self._paused = True
+            return self.rounds_started
+
+    def stop(self, last_round: int, timeout: float | None = None) -> None:
+        """Run on to exactly `last_round` rounds (agreed by all learners), then end the thread."""
+        with self._cond:
+            self._stop_at = last_round
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"gossip thread did not finish round {last_round} in {timeout} s")
+        if self._error is not None:
+            raise RuntimeError(f"gossip thread failed: {self._error!r}") from self._error

@@ -1,0 +1,124 @@
+"""ADPSGD on real processes (gloo over localhost): gossip averages without losing mass, stops without
+deadlock however unequal the learners, lets stragglers fall behind alone, and trains end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import threading
+import time
+
+import torch
+
+from tests.conftest import REPO, TINY, free_port, run_learners
+
+
+def gossip_to_consensus(rank: int, world: int, seconds: float):
+    import torch.distributed as dist
+
+    from comm.gossip import GossipThread
+    from comm.topology import PairingSchedule
+
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gloo")
+    schedule = PairingSchedule(world)
+    g = torch.Generator().manual_seed(rank)
+    params = [torch.randn(50, generator=g) * (rank + 1), torch.randn(3, 4, generator=g) + rank]
+    initial = [p.clone() for p in params]
+    thread = GossipThread(params, lambda r: schedule.peer(rank, r), group, threading.Lock(), period=0).start()
+    time.sleep(seconds)  # learning rate zero: only gossip changes the weights
+    started = torch.tensor([thread.pause()])
+    dist.all_reduce(started, op=dist.ReduceOp.MAX)
+    thread.stop(int(started), timeout=60)
+    return {"initial": initial, "final": params, "rounds": thread.rounds_started}
+
+
+def test_gossip_preserves_the_sum_and_reaches_the_mean():
+    out = run_learners(gossip_to_consensus, 4, 1.0)
+    assert len({o["rounds"] for o in out}) == 1 and out[0]["rounds"] > 20  # all stopped at the same round
+    for i in range(2):
+        initial_sum = sum(o["initial"][i] for o in out)
+        final_sum = sum(o["final"][i] for o in out)
+        torch.testing.assert_close(final_sum, initial_sum, rtol=1e-5, atol=1e-4)
+        mean = initial_sum / 4
+        spread_before = max(float((o["initial"][i] - mean).abs().max()) for o in out)
+        spread_after = max(float((o["final"][i] - mean).abs().max()) for o in out)
+        assert spread_after < 1e-3 * spread_before
+
+
+def unequal_learners(rank: int, world: int, runs: int):
+    import torch.distributed as dist
+
+    from comm.gossip import GossipThread
+    from comm.topology import PairingSchedule
+
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gloo")
+    schedule = PairingSchedule(world, "exponential")
+    params = [torch.zeros(1000)]
+    lock = threading.Lock()
+    rounds, first = [], 0
+    for run in range(runs):
+        rng = random.Random(1000 * run + rank)  # seeded: each run has different, very unequal learners
+        period = rng.choice([0, 1, 2])
+        thread = GossipThread(params, lambda r: schedule.peer(rank, r), group, lock, period=period,
+                              first_round=first).start()
+        for _ in range(rng.randint(0, 30)):  # some learners take no step at all
+            with lock:
+                params[0].add_(1.0)
+            thread.step_done()
+            time.sleep(rng.random() * 0.004)
+        started = torch.tensor([thread.pause()])
+        dist.all_reduce(started, op=dist.ReduceOp.MAX)
+        thread.stop(int(started), timeout=60)
+        first = thread.rounds_started
+        rounds.append(first)
+    return rounds
+
+
+def test_learners_with_very_different_step_counts_always_stop():
+    out = run_learners(unequal_learners, 4, 25, timeout=240)
+    assert out[0] == out[1] == out[2] == out[3]  # every run ended on the same agreed round everywhere
+
+
+def train_learner(rank: int, world: int, argv: list[str]):
+    from recipe.train import parse_args, train
+
+    metrics = train(parse_args(argv))
+    log = [json.loads(line) for line in (REPO / argv[1] / "train_log.jsonl").read_text().splitlines()] \
+        if rank == 0 else None
+    return {"metrics": metrics, "log": log}
+
+
+def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_exp, exp)
+    ds = json.loads((REPO / "ds_configs" / "adpsgd.json").read_text())
+    ds["train_micro_batch_size_per_gpu"] = 4
+    ds["comm"]["debug"] = {"slowdown": {"1": 4.0}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    out = run_learners(train_learner, 4, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"), *TINY,
+                                          "train.epochs=2"])
+    log = out[0]["log"]
+    for record in log:
+        steps = record["learner_micro_steps"]
+        fast = [steps[r] for r in (0, 2, 3)]
+        assert steps[1] < 0.6 * min(fast), steps  # the slowed learner did less of the epoch ...
+        assert sum(steps) * 4 >= 0.9 * 96 and min(fast) > 96 / 4 / 4  # ... the others took up its share
+    assert out[0]["metrics"]["strategy"] == "adpsgd" and out[0]["metrics"]["gossip_rounds"] > 0
+
+
+def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
+    exp = tmp_path / "exp"
+    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config",
+           str(REPO / "ds_configs" / "adpsgd.json"), "--master-port", str(free_port()), *TINY, "train.epochs=4"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]
+    assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
+    assert all(r["gossip_rounds"] > 0 and r["consensus_distance"] >= 0 for r in log)
+    scores = json.loads((exp / "decode" / "scores.json").read_text())  # the consensus model decodes
+    assert scores["utterances"] == 16 and scores["cer"] < 1.0
