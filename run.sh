@@ -124,7 +124,13 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "== stage 0 (setup): $(date '+%F %T')"; setup 2>&1 | tee "$exp/log/stage-0.log"
 fi
 [ -x "$py" ] || { echo "run.sh: no virtual environment in $venv; run stage 0 first" >&2; exit 2; }
-run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" --ds-config "$ds_config" "${conf_args[@]}"
+if [ -n "$hostfile" ]; then  # learners in all: the slots of every host
+  world=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) {sub("slots=", "", $i); n += $i}} END {print n + 0}' "$hostfile")
+else
+  world=$learners
+fi
+run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" --ds-config "$ds_config" --world-size "$world" \
+  "${conf_args[@]}"
 run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
 run_stage 3 "train" train
 run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"

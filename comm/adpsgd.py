@@ -5,7 +5,7 @@ of one learner (through `mpu`), so it reduces nothing (and its fp16 overflow che
 trap 5). Beside the compute thread a gossip thread keeps averaging the weights with one neighbour at a time
 (comm/gossip.py), paired by a bipartite schedule (comm/topology.py). At the end of an epoch the learners stop
 gossip at an agreed round and average their weights over the world: that consensus model is evaluated and
-checkpointed, and every learner continues from it.
+checkpointed, and every learner continues from it; gossip starts again with the next epoch's first step.
 """
 
 from __future__ import annotations
@@ -84,7 +84,6 @@ class ADPSGDStrategy(Strategy):
             for p in self._params:
                 dist.broadcast(p.data, src=0)
         self._group = dist.new_group(backend="gloo")  # gossip's own communicator (trap 6)
-        self._start_gossip()
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)
@@ -97,6 +96,8 @@ class ADPSGDStrategy(Strategy):
         return self.step_lock
 
     def after_step(self, engine) -> None:
+        if self._thread is None:  # started by the first step of an epoch: nothing moves the weights in between
+            self._start_gossip()
         self._thread.step_done()
 
     def _stop_gossip(self) -> None:
@@ -126,7 +127,6 @@ class ADPSGDStrategy(Strategy):
             for p in self._params:
                 p.copy_(mean[offset: offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
-        self._start_gossip()
         return {"consensus_distance": float(stats.sqrt() / self.layout.world_size ** 0.5),
                 "gossip_rounds": self.rounds, "gossip_bytes_sent": self.bytes_sent,
                 "gossip_exchange_s": self.exchange_seconds}

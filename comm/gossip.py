@@ -1,10 +1,12 @@
 """The gossip thread: averages this learner's weights with one peer per round, beside the compute thread.
 
-One round: take a snapshot of the weights (under the step lock), exchange snapshots with the round's peer
-over a gloo group of its own (never a second NCCL communicator beside DeepSpeed's: DESIGN.md trap 6), then
-merge  w += (w_peer - w_snapshot) / 2  under the step lock. Adding the difference rather than overwriting
-keeps every optimizer step taken while the exchange was in flight (trap 7); with no step in between it is
-exactly  w <- (w + w_peer) / 2  on both sides, so the sum of all weights is preserved.
+One round: take a snapshot of the weights (under the step lock, so never half an optimizer step), exchange
+snapshots with the round's peer over a gloo group of its own (never a second NCCL communicator beside
+DeepSpeed's: DESIGN.md trap 6), and hand the compute thread  delta = (w_peer - w_snapshot) / 2 , which it adds
+at its next step boundary (apply_pending). The merge cannot happen at any other time: forward and backward
+hold references to the weights, and autograd rejects weights changed in place under it. Adding the difference
+rather than overwriting keeps every optimizer step taken while the exchange was in flight (trap 7); the two
+sides of an exchange add opposite deltas, so the sum of all weights is preserved exactly.
 
 Stopping (trap 8): every thread runs rounds 0, 1, 2, ... in order and its peer in a round is fixed by the
 schedule, so two threads never wait on each other across different rounds. To stop, the learners pause
@@ -41,6 +43,7 @@ class GossipThread:
         self.exchange_seconds = 0.0
         self.merges_skipped = 0  # peer weights that were not finite
         self._steps = 0
+        self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._stop_at: int | None = None
         self._paused = False
         self._cond = threading.Condition()
@@ -52,10 +55,25 @@ class GossipThread:
         return self
 
     def step_done(self) -> None:
-        """Called by the compute thread after every optimizer step (paces period > 0)."""
+        """Called by the compute thread after every optimizer step: merges what arrived, paces the rounds."""
+        self.apply_pending()
         with self._cond:
             self._steps += 1
             self._cond.notify()
+
+    def apply_pending(self) -> None:
+        """Add the received deltas to the weights; only the compute thread calls this, between steps."""
+        with self._cond:
+            delta, self._pending = self._pending, None
+            self._cond.notify()
+        if delta is None:
+            return
+        with self.step_lock, torch.no_grad():
+            offset = 0
+            for p in self.params:
+                n = p.numel()
+                p.add_(delta[offset: offset + n].view_as(p).to(p.device, p.dtype))
+                offset += n
 
     def _next_round(self) -> int | None:
         """Block until the next round may start; None when the agreed last round is done."""
@@ -66,7 +84,8 @@ class GossipThread:
                     if r >= self._stop_at:
                         return None
                     break
-                if not self._paused and (self.period == 0 or self._steps >= self.period):
+                merged = self._pending is None  # one exchange in flight at a time, each on fresh weights
+                if not self._paused and merged and (self.period == 0 or self._steps >= self.period):
                     self._steps = 0
                     break
                 self._cond.wait()
@@ -100,12 +119,8 @@ class GossipThread:
             self.merges_skipped += 1
         else:
             delta = (incoming - snapshot).mul_(0.5)
-            with self.step_lock, torch.no_grad():
-                offset = 0
-                for p in self.params:
-                    n = p.numel()
-                    p.add_(delta[offset: offset + n].view_as(p).to(p.device, p.dtype))
-                    offset += n
+            with self._cond:  # while stopping, rounds run on without the compute thread: deltas add up
+                self._pending = delta if self._pending is None else self._pending.add_(delta)
         self.exchange_seconds += time.perf_counter() - t0
 
     def pause(self) -> int:
@@ -115,7 +130,7 @@ class GossipThread:
             return self.rounds_started
 
     def stop(self, last_round: int, timeout: float | None = None) -> None:
-        """Run on to exactly `last_round` rounds (agreed by all learners), then end the thread."""
+        """Run on to exactly `last_round` rounds (agreed by all learners), end the thread, merge what came."""
         with self._cond:
             self._stop_at = last_round
             self._cond.notify()
@@ -124,3 +139,4 @@ class GossipThread:
             raise TimeoutError(f"gossip thread did not finish round {last_round} in {timeout} s")
         if self._error is not None:
             raise RuntimeError(f"gossip thread failed: {self._error!r}") from self._error
+        self.apply_pending()

@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--conf", default=None, help="recipe YAML (default: the schema's defaults)")
     p.add_argument("--ds-config", default=None, help="checked here too, so a bad strategy or JSON fails before "
                                                      "hours of preparation rather than after")
+    p.add_argument("--world-size", type=int, default=1, help="learners the strategy will be checked against")
     p.add_argument("--work", default=None, help="shared folder for corpora and feature caches "
                                                 "(default: the experiment folder's parent)")
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
     try:
         conf = load_config(args.conf, args.overrides)
         if args.ds_config:
-            build_strategy(load_ds_config(args.ds_config)[1], ProcessLayout())
+            world = ProcessLayout(world_size=args.world_size, local_size=args.world_size)
+            build_strategy(load_ds_config(args.ds_config)[1], world)
         if args.stage == "data":
             summary = prepare_data(conf, exp, work / "corpus")
         else:
