@@ -17,7 +17,7 @@ from tests.conftest import REPO
 def test_defaults_file_and_overrides_in_that_order(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  hidden: 64\n  layers: 2\n")
     conf = load_config(tmp_path / "c.yaml", ["model.layers=5"])
-    assert (conf.model.hidden, conf.model.layers, conf.model.stack) == (64, 5, 3)
+    assert (conf.model.hidden, conf.model.layers, conf.model.stack) == (64, 5, 4)  # stack: the default
 
 
 def test_unknown_keys_and_values_are_errors(tmp_path):
@@ -37,12 +37,12 @@ def test_every_shipped_config_loads():
         load_config(yaml)
     for path in (REPO / "ds_configs").rglob("*.json"):
         engine, comm = load_ds_config(path)
-        build_strategy(comm, ProcessLayout())
+        build_strategy(comm, ProcessLayout(world_size=4, local_size=2, nodes=2))
         assert "comm" not in engine
 
 
 def test_strategy_registry_rejects_unknown_names_and_options():
-    with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: sync"):
+    with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: adpsgd, sync"):
         build_strategy({"strategy": "asgd"}, ProcessLayout())
     with pytest.raises(ValueError, match=r"options \['period'\] are unknown to strategy 'sync'"):
         build_strategy({"strategy": "sync", "period": 2}, ProcessLayout())
