@@ -19,6 +19,7 @@ stop_stage=5
 conf=recipe/conf/default.yaml
 ds_config=ds_configs/sync.json
 learners=2
+nodes=1
 hostfile=
 exp=exp/sync
 train_dir=
@@ -38,6 +39,7 @@ Options:
   --conf FILE        recipe YAML: data, features, model, optimizer, schedule (default $conf)
   --ds-config FILE   DeepSpeed JSON: engine settings and the strategy ("comm" section) (default $ds_config)
   --learners N       learner processes on this machine (default $learners)
+  --nodes M          split the learners on this machine into M emulated nodes (HYBRID on one machine)
   --hostfile FILE    multi-node: DeepSpeed hostfile ("host slots=N" lines); the launcher starts the learners
                      on every host (passwordless ssh, same path on every host); --learners is then ignored
   --exp DIR          experiment folder (default $exp); corpora and feature caches go to its parent folder
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
     --conf) conf=$2; shift 2 ;;
     --ds-config) ds_config=$2; shift 2 ;;
     --learners) learners=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
     --exp) exp=$2; shift 2 ;;
     --train-dir) train_dir=$2; shift 2 ;;
@@ -114,7 +117,7 @@ setup() {
 train() {
   local launch=("$venv/bin/deepspeed" --master_port "$master_port")
   if [ -n "$hostfile" ]; then launch+=(--hostfile "$hostfile"); else launch+=(--num_gpus "$learners"); fi
-  local args=(recipe/train.py --exp "$exp" --ds-config "$ds_config" "${conf_args[@]}")
+  local args=(recipe/train.py --exp "$exp" --ds-config "$ds_config" --nodes "$nodes" "${conf_args[@]}")
   if [ "$resume" = true ]; then args+=(--resume); fi
   "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
 }
@@ -124,13 +127,15 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "== stage 0 (setup): $(date '+%F %T')"; setup 2>&1 | tee "$exp/log/stage-0.log"
 fi
 [ -x "$py" ] || { echo "run.sh: no virtual environment in $venv; run stage 0 first" >&2; exit 2; }
-if [ -n "$hostfile" ]; then  # learners in all: the slots of every host
+if [ -n "$hostfile" ]; then  # learners in all: the slots of every host; the real nodes are the hosts
   world=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) {sub("slots=", "", $i); n += $i}} END {print n + 0}' "$hostfile")
+  check_nodes=$(grep -c 'slots=' "$hostfile")
 else
   world=$learners
+  check_nodes=$nodes
 fi
 run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" --ds-config "$ds_config" --world-size "$world" \
-  "${conf_args[@]}"
+  --nodes "$check_nodes" "${conf_args[@]}"
 run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
 run_stage 3 "train" train
 run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"

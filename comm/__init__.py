@@ -2,10 +2,12 @@
 
 from comm.adpsgd import ADPSGDStrategy
 from comm.base import Strategy
+from comm.hybrid import HybridStrategy
 from comm.layout import LayoutError, ProcessLayout
 from comm.sync import SyncStrategy
 
-STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy, "adpsgd": ADPSGDStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy, "adpsgd": ADPSGDStrategy,
+                                         "hybrid": HybridStrategy}
 
 
 def build_strategy(comm_section: dict, layout: ProcessLayout) -> Strategy:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from comm.base import Strategy
-from comm.gossip import EXCHANGE_DTYPES, GossipThread
+from comm.gossip import EXCHANGE_DTYPES, GossipThread, flatten
 from comm.topology import PairingSchedule
 
 
@@ -52,9 +52,10 @@ class ADPSGDStrategy(Strategy):
     }
     independent_sampling = True
 
-    def __init__(self, layout, options):
+    def __init__(self, layout, options, units: int | None = None):
+        """units: what gossip pairs, the learners here (HYBRID: the nodes)."""
         super().__init__(layout, options)
-        self.schedule = PairingSchedule(layout.world_size, self.conf["schedule"])
+        self.schedule = PairingSchedule(units or layout.world_size, self.conf["schedule"])
         if self.conf["exchange_dtype"] not in EXCHANGE_DTYPES:
             raise ValueError(f"comm.exchange_dtype={self.conf['exchange_dtype']!r}; valid: {', '.join(EXCHANGE_DTYPES)}")
         if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
@@ -83,7 +84,11 @@ class ADPSGDStrategy(Strategy):
         with torch.no_grad():
             for p in self._params:
                 dist.broadcast(p.data, src=0)
-        self._group = dist.new_group(backend="gloo")  # gossip's own communicator (trap 6)
+        # gossip's own communicator (trap 6); new_group is collective, so every learner creates it
+        self._group = dist.new_group(ranks=self._gossip_ranks(), backend="gloo")
+
+    def _gossip_ranks(self) -> list[int] | None:
+        return None  # all learners gossip
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)
@@ -98,12 +103,13 @@ class ADPSGDStrategy(Strategy):
     def after_step(self, engine) -> None:
         if self._thread is None:  # started by the first step of an epoch: nothing moves the weights in between
             self._start_gossip()
+        self._thread.apply_pending()
         self._thread.step_done()
 
     def _stop_gossip(self) -> None:
-        """Agree on the last round over the world and let every gossip thread run to it."""
-        if self._thread is None:
-            return
+        """Agree on the last round over the world and let every gossip thread run to it (collective)."""
+        if self._thread is None:  # no step this epoch (a very slow learner): it still owes its peers rounds
+            self._start_gossip()
         started = torch.tensor([self._thread.pause()], dtype=torch.int64)
         dist.all_reduce(started, op=dist.ReduceOp.MAX)
         self._thread.stop(int(started))
@@ -116,7 +122,7 @@ class ADPSGDStrategy(Strategy):
         """Stop gossip, average the weights over the world; -> the consensus distance before averaging."""
         self._stop_gossip()
         with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in self._params])
+            flat = flatten(self._params, torch.float64)
             mean = flat.clone()
             dist.all_reduce(mean)
             mean /= self.layout.world_size

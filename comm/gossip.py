@@ -26,6 +26,21 @@ import torch.distributed as dist
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """params += flat, where flat is the concatenation of all params (fp32, on the CPU)."""
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.add_(flat[offset: offset + n].view_as(p).to(p.device, p.dtype))
+            offset += n
+
+
+def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
+    """A CPU copy of all params as one vector."""
+    return torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in params])
+
+
 class GossipThread:
     def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int | None], group,
                  step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0):
@@ -55,25 +70,24 @@ class GossipThread:
         return self
 
     def step_done(self) -> None:
-        """Called by the compute thread after every optimizer step: merges what arrived, paces the rounds."""
-        self.apply_pending()
+        """Called by the compute thread after every optimizer step (and its merge): paces the rounds."""
         with self._cond:
             self._steps += 1
             self._cond.notify()
 
-    def apply_pending(self) -> None:
-        """Add the received deltas to the weights; only the compute thread calls this, between steps."""
+    def take_pending(self) -> torch.Tensor | None:
+        """The received deltas not yet merged (flat fp32), or None; the next round may then start."""
         with self._cond:
             delta, self._pending = self._pending, None
             self._cond.notify()
-        if delta is None:
-            return
-        with self.step_lock, torch.no_grad():
-            offset = 0
-            for p in self.params:
-                n = p.numel()
-                p.add_(delta[offset: offset + n].view_as(p).to(p.device, p.dtype))
-                offset += n
+        return delta
+
+    def apply_pending(self) -> None:
+        """Add the received deltas to the weights; only the compute thread calls this, between steps."""
+        delta = self.take_pending()
+        if delta is not None:
+            with self.step_lock:
+                add_flat(self.params, delta)
 
     def _next_round(self) -> int | None:
         """Block until the next round may start; None when the agreed last round is done."""
@@ -104,7 +118,7 @@ class GossipThread:
     def _exchange(self, peer: int) -> None:
         t0 = time.perf_counter()
         with self.step_lock:
-            snapshot = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in self.params])
+            snapshot = flatten(self.params)
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
         requests = [dist.isend(outgoing, peer, group=self.group), dist.irecv(incoming, peer, group=self.group)]
@@ -112,7 +126,8 @@ class GossipThread:
             req.wait()
         self.bytes_sent += outgoing.numel() * outgoing.element_size()
         if self.dtype != torch.float32:
-            # halved bytes on the wire; merge the peer's rounding error only, not our own
+            # both sides take the difference of the same two rounded vectors, so the deltas stay opposite
+            # and the sum of the weights is still preserved exactly
             snapshot = outgoing.to(torch.float32)
         incoming = incoming.to(torch.float32)
         if not torch.isfinite(incoming).all():

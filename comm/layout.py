@@ -37,9 +37,21 @@ class ProcessLayout:
             raise LayoutError(f"rank != node_rank x local_size + local_rank ({factors})")
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "ProcessLayout":
+    def from_env(cls, env=os.environ, emulated_nodes: int = 1) -> "ProcessLayout":
+        """The launcher's layout; emulated_nodes > 1 splits one machine's learners into that many nodes."""
         world = int(env.get("WORLD_SIZE", 1))
+        rank = int(env.get("RANK", 0))
         local_size = int(env.get("LOCAL_SIZE", env.get("LOCAL_WORLD_SIZE", world)))
-        return cls(rank=int(env.get("RANK", 0)), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                   local_size=local_size, node_rank=int(env.get("CROSS_RANK", 0)),
-                   nodes=int(env.get("CROSS_SIZE", max(1, world // max(local_size, 1)))))
+        nodes = int(env.get("CROSS_SIZE", max(1, world // max(local_size, 1))))
+        if emulated_nodes > 1:
+            if nodes > 1:
+                raise LayoutError(f"--nodes {emulated_nodes} emulates nodes on one machine, but the launcher "
+                                  f"already runs {nodes} real nodes (world_size={world})")
+            if world % emulated_nodes:
+                raise LayoutError(f"the world does not split into equal nodes: world_size={world} learners "
+                                  f"into nodes={emulated_nodes} (local_size would be {world / emulated_nodes:g})")
+            local_size = world // emulated_nodes
+            return cls(rank=rank, world_size=world, local_rank=rank % local_size, local_size=local_size,
+                       node_rank=rank // local_size, nodes=emulated_nodes)
+        return cls(rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
+                   local_size=local_size, node_rank=int(env.get("CROSS_RANK", 0)), nodes=nodes)

@@ -1,37 +1,39 @@
-"""Benchmark: the recipe's SYNC training path against a plain hand-written PyTorch DDP loop, side by side.
+"""Benchmarks, each printing ratios measured side by side in one run (this machine is shared and noisy).
 
-    python -m recipe.bench --exp exp/sync [--learners 2] [--steps 60] [--rounds 3]
+    python -m recipe.bench sync   [--exp exp/sync] [--learners 2] [--steps 60] [--rounds 3]
+    python -m recipe.bench adpsgd [--work exp/bench] [--learners 2] [--utterances 1000] [--rounds 2]
 
-Both arms train the same model on the same batches (the experiment's features, batches from its sampler)
-with the same learners, threads per learner, optimizer and gradient clipping; they alternate (DDP, recipe,
-DDP, recipe, ...) so that drift in this shared machine's speed hits both. Each arm is a fresh set of learner
-processes on gloo over localhost; the first few steps of each are warm-up and are not timed. The printed
-ratio is recipe frames/s over DDP frames/s (target >= 0.95). Also measures feature extraction's real-time
-factor on the held-out set with 1 and 2 workers.
+sync: the recipe's SYNC training path (DeepSpeed engine, train_step of recipe/train.py) against a plain
+hand-written PyTorch DistributedDataParallel loop: same model, same batches, same learners and threads per
+learner, same optimizer and gradient clipping. The arms alternate (DDP, recipe, DDP, ...) so drift in the
+machine's speed hits both; the first steps of each arm are warm-up. Prints recipe/DDP frames/s (target
+>= 0.95), and feature extraction's real-time factor with 1 and 2 workers.
+
+adpsgd: one epoch of recipe/train.py per arm on a corpus subset, arms interleaved: SYNC, ADPSGD, ADPSGD with
+gossip off, and each strategy with learner 1 slowed 2x (comm.debug.slowdown). Prints ADPSGD's gossip overhead
+and how much of its own throughput each strategy keeps with the straggler.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
+
+from recipe.local_learners import run_learners
 
 WARMUP_STEPS = 5
 
 
-def learner(rank: int, world: int, port: int, arm: str, args: dict, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     import torch.distributed as dist
 
     from comm import ProcessLayout, build_strategy
@@ -48,8 +50,7 @@ def learner(rank: int, world: int, port: int, arm: str, args: dict, results) -> 
     data = exp.dataset("train")
     micro = engine_conf["train_micro_batch_size_per_gpu"]
     batches = BucketBatchSampler(data.lengths, micro, rank, world, conf.train.seed).rank_batches(1)
-    batches = batches[: WARMUP_STEPS + args["steps"]]
-    collated = [data.collate(b) for b in batches]  # outside the timed loop, the same for both arms
+    collated = [data.collate(b) for b in batches[: WARMUP_STEPS + args["steps"]]]  # untimed, same for both
 
     if arm == "recipe":
         import deepspeed
@@ -87,29 +88,8 @@ def learner(rank: int, world: int, port: int, arm: str, args: dict, results) -> 
     wall = time.perf_counter() - t0
     frames = torch.tensor([float(sum(int(b["lengths"].sum()) for b in collated[WARMUP_STEPS:]))])
     dist.all_reduce(frames)
-    results[rank] = {"frames_per_s": frames.item() / wall, "wall_s": wall}
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_arm(arm: str, learners: int, args: dict) -> dict:
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        results = manager.dict()
-        port = free_port()
-        procs = [ctx.Process(target=learner, args=(r, learners, port, arm, args, results)) for r in range(learners)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode != 0 for p in procs):
-            raise RuntimeError(f"{arm}: a learner failed (exit codes {[p.exitcode for p in procs]})")
-        return dict(results[0])
+    return {"frames_per_s": frames.item() / wall, "wall_s": wall}
 
 
 def feature_rtf(exp_dir: str, workers: int) -> float:
@@ -119,29 +99,22 @@ def feature_rtf(exp_dir: str, workers: int) -> float:
 
     exp = Experiment(exp_dir)
     utts, _ = load_data_dir(exp.data_dir("test"))
+    conf = OmegaConf.merge(OmegaConf.to_container(exp.conf.features), {"num_workers": workers})
     tmp = Path(tempfile.mkdtemp(prefix="bench-feats-"))
     try:
-        conf = OmegaConf.merge(OmegaConf.to_container(exp.conf.features), {"num_workers": workers})
         folder = extract_features(utts, tmp, "test", conf, exp.conf.data.sample_rate, progress=False)
         return json.loads((folder / "meta.json").read_text())["real_time_factor"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--exp", default="exp/sync", help="a trained or prepared experiment (stages 1-3)")
-    p.add_argument("--ds-config", default="ds_configs/sync.json")
-    p.add_argument("--learners", type=int, default=2)
-    p.add_argument("--steps", type=int, default=60, help="timed steps per arm and round")
-    p.add_argument("--rounds", type=int, default=3)
-    a = p.parse_args(argv)
+def bench_sync(a) -> None:
     args = {"exp": a.exp, "ds_config": a.ds_config, "steps": a.steps}
-    print(f"training throughput, {a.learners} learners, {a.steps} timed steps per arm, {a.rounds} rounds")
+    print(f"SYNC vs DDP: {a.learners} learners, {a.steps} timed steps per arm, {a.rounds} rounds, exp {a.exp}")
     ratios = []
     for r in range(1, a.rounds + 1):
-        ddp = run_arm("ddp", a.learners, args)
-        recipe = run_arm("recipe", a.learners, args)
+        ddp = run_learners(throughput_learner, a.learners, "ddp", args)[0]
+        recipe = run_learners(throughput_learner, a.learners, "recipe", args)[0]
         ratios.append(recipe["frames_per_s"] / ddp["frames_per_s"])
         print(f"round {r}: DDP {ddp['frames_per_s']:8.0f} frames/s   recipe SYNC {recipe['frames_per_s']:8.0f} "
               f"frames/s   ratio {ratios[-1]:.3f}")
@@ -149,6 +122,74 @@ def main(argv=None) -> int:
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     for workers in (1, 2):
         print(f"feature extraction real-time factor, {workers} worker(s): {feature_rtf(a.exp, workers):.5f}")
+
+
+def train_learner(rank: int, world: int, argv: list[str]) -> dict:
+    from recipe.train import parse_args, train
+
+    return train(parse_args(argv))
+
+
+ARMS = {  # name -> (base JSON, comm overrides)
+    "sync": ("ds_configs/sync.json", {}),
+    "adpsgd": ("ds_configs/adpsgd.json", {}),
+    "adpsgd-gossip-off": ("ds_configs/adpsgd.json", {"period": 10 ** 9}),  # the thread never starts a round
+    "sync-straggler": ("ds_configs/sync.json", {"debug": {"slowdown": {"1": 2.0}}}),
+    "adpsgd-straggler": ("ds_configs/adpsgd.json", {"debug": {"slowdown": {"1": 2.0}}}),
+}
+
+
+def bench_adpsgd(a) -> None:
+    from recipe.prepare import main as prepare
+
+    work = Path(a.work).resolve()
+    base = work / "base"
+    subset = [f"data.synth_train={a.utterances}", "data.synth_test=100", "train.epochs=1"]
+    if not (base / "features.json").is_file():
+        for stage in ("data", "features"):
+            assert prepare([stage, "--exp", str(base), "--work", str(work), *subset]) == 0
+    print(f"ADPSGD: {a.learners} learners ({a.learners} cores), 1 epoch of {a.utterances} utterances per arm, "
+          f"{a.rounds} rounds; the straggler is learner 1, slowed 2x")
+    results: dict[str, list[dict]] = {name: [] for name in ARMS}
+    for r in range(1, a.rounds + 1):
+        for name, (json_path, comm) in ARMS.items():
+            exp = work / f"{name}-{r}"
+            shutil.rmtree(exp, ignore_errors=True)
+            shutil.copytree(base, exp, ignore=shutil.ignore_patterns("checkpoints", "*.jsonl", "metrics.json"))
+            ds = json.loads(Path(json_path).read_text())
+            ds["comm"] = {**ds["comm"], **copy.deepcopy(comm)}
+            (exp / "ds.json").write_text(json.dumps(ds))
+            m = run_learners(train_learner, a.learners, ["--exp", str(exp), "--ds-config", str(exp / "ds.json"),
+                                                          *subset])[0]
+            results[name].append(m)
+            extra = f"  gossip {m['gossip_bytes_sent'] / 2 ** 20:.0f} MiB sent by learner 0, " \
+                    f"{m['gossip_rounds']} rounds" if "gossip_rounds" in m else ""
+            print(f"round {r} {name:>18}: {m['train_frames_per_s']:7.0f} frames/s  epoch {m['wall_s']:5.1f} s  "
+                  f"held-out CER {100 * m['cer']:5.1f}%{extra}", flush=True)
+    fps = {name: statistics.median(m["train_frames_per_s"] for m in ms) for name, ms in results.items()}
+    print(f"gossip overhead: ADPSGD / ADPSGD-gossip-off throughput = {fps['adpsgd'] / fps['adpsgd-gossip-off']:.3f}")
+    print(f"with a 2x straggler, SYNC keeps {fps['sync-straggler'] / fps['sync']:.3f} of its throughput, "
+          f"ADPSGD keeps {fps['adpsgd-straggler'] / fps['adpsgd']:.3f} (ideal with {a.learners} learners: "
+          f"{(a.learners - 0.5) / a.learners:.3f})")
+    print(f"ADPSGD / SYNC throughput, no straggler: {fps['adpsgd'] / fps['sync']:.3f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench", required=True)
+    s = sub.add_parser("sync", help="recipe SYNC against a plain DDP loop; feature extraction speed")
+    s.add_argument("--exp", default="exp/sync", help="a prepared experiment (run.sh stages 1-2)")
+    s.add_argument("--ds-config", default="ds_configs/sync.json")
+    s.add_argument("--steps", type=int, default=60, help="timed steps per arm and round")
+    s.add_argument("--rounds", type=int, default=3)
+    d = sub.add_parser("adpsgd", help="gossip overhead and stragglers, ADPSGD against SYNC")
+    d.add_argument("--work", default="exp/bench", help="folder for the subset corpus and the arms' runs")
+    d.add_argument("--utterances", type=int, default=1000)
+    d.add_argument("--rounds", type=int, default=2)
+    for parser in (s, d):
+        parser.add_argument("--learners", type=int, default=2)
+    a = p.parse_args(argv)
+    bench_sync(a) if a.bench == "sync" else bench_adpsgd(a)
     return 0
 
 

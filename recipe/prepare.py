@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--ds-config", default=None, help="checked here too, so a bad strategy or JSON fails before "
                                                      "hours of preparation rather than after")
     p.add_argument("--world-size", type=int, default=1, help="learners the strategy will be checked against")
+    p.add_argument("--nodes", type=int, default=1, help="... on this many nodes")
     p.add_argument("--work", default=None, help="shared folder for corpora and feature caches "
                                                 "(default: the experiment folder's parent)")
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
@@ -79,13 +80,13 @@ def main(argv=None) -> int:
     try:
         conf = load_config(args.conf, args.overrides)
         if args.ds_config:
-            world = ProcessLayout(world_size=args.world_size, local_size=args.world_size)
-            build_strategy(load_ds_config(args.ds_config)[1], world)
+            env = {"WORLD_SIZE": args.world_size, "LOCAL_SIZE": args.world_size}
+            build_strategy(load_ds_config(args.ds_config)[1], ProcessLayout.from_env(env, args.nodes))
         if args.stage == "data":
             summary = prepare_data(conf, exp, work / "corpus")
         else:
             summary = prepare_features(conf, exp, work / "features")
-    except (ConfigError, DataError, ValueError) as err:
+    except (ConfigError, DataError, ValueError) as err:  # LayoutError is a ValueError
         log.error("%s", err)
         return 2
     print(json.dumps(summary, indent=1, default=str))

@@ -68,10 +68,11 @@ def train(args) -> dict:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    layout = ProcessLayout.from_env()
+    layout = ProcessLayout.from_env(emulated_nodes=args.nodes)
     conf = load_config(args.conf, args.overrides)
     engine_conf, comm_conf = load_ds_config(args.ds_config)
-    torch.set_num_threads(threads_per_learner(conf.train.num_threads, layout.local_size))
+    learners_here = int(os.environ.get("LOCAL_SIZE", layout.local_size))  # real processes on this machine
+    torch.set_num_threads(threads_per_learner(conf.train.num_threads, learners_here))
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
     strategy = build_strategy(comm_conf, layout)
     exp = Experiment(args.exp, conf)
@@ -86,6 +87,7 @@ def train(args) -> dict:
     micro = engine_conf["train_micro_batch_size_per_gpu"]
     accum = engine_conf.get("gradient_accumulation_steps", 1)
     global_batch = micro * accum * layout.world_size  # utterances per optimizer step, all learners together
+    node_batch = micro * accum * layout.local_size
     sampler = BucketBatchSampler(train_set.lengths, micro, layout.rank, layout.world_size, conf.train.seed)
     test_batches = BucketBatchSampler(test_set.lengths, micro, shuffle=False).epoch_batches(0)[
                    layout.rank:: layout.world_size]
@@ -127,8 +129,9 @@ def train(args) -> dict:
         log.info("resumed from %s (epoch %d)", state["path"], state["epoch"])
     if is_main:  # the log holds exactly the epochs of the checkpoint being continued
         (exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
-        log.info("strategy=%s learners=%d nodes=%d global_batch=%d steps/epoch=%d params=%d threads=%d",
-                 strategy.name, layout.world_size, layout.nodes, global_batch, steps_per_epoch,
+        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d params=%d "
+                 "threads=%d", strategy.name, layout.world_size, layout.nodes, global_batch, node_batch,
+                 steps_per_epoch,
                  count_parameters(engine.module), torch.get_num_threads())
 
     train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
@@ -188,7 +191,7 @@ def train(args) -> dict:
     last = history[-1]
     metrics = {"strategy": strategy.name, "learners": layout.world_size, "nodes": layout.nodes,
                "micro_batch": micro, "gradient_accumulation_steps": accum, "global_batch": global_batch,
-               "epochs": conf.train.epochs, "params": count_parameters(engine.module),
+               "node_batch": node_batch, "epochs": conf.train.epochs, "params": count_parameters(engine.module),
                "wall_s": train_wall, "train_frames_per_s": train_frames / max(train_wall, 1e-9),
                "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
                "train_utterances": len(train_set), "test_utterances": len(test_set),
@@ -232,6 +235,8 @@ def parse_args(argv=None):
     p.add_argument("--exp", required=True, help="experiment folder (prepared by stages 1-2)")
     p.add_argument("--ds-config", required=True, help="DeepSpeed JSON with the strategy's comm section")
     p.add_argument("--conf", default=None, help="recipe YAML")
+    p.add_argument("--nodes", type=int, default=1, help="emulate this many nodes with this machine's learners "
+                                                        "(HYBRID on one machine)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in EXP")
     p.add_argument("--launch-command", default=None, help="recorded in EXP/launch.txt (set by run.sh)")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher

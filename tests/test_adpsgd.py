@@ -30,7 +30,8 @@ def gossip_to_consensus(rank: int, world: int, seconds: float):
     thread = GossipThread(params, lambda r: schedule.peer(rank, r), group, threading.Lock(), period=0).start()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:  # learning rate zero: only gossip changes the weights
-        thread.step_done()  # a step boundary: merge what arrived
+        thread.apply_pending()  # a step boundary: merge what arrived
+        thread.step_done()
         time.sleep(0.001)
     started = torch.tensor([thread.pause()])
     dist.all_reduce(started, op=dist.ReduceOp.MAX)
@@ -71,6 +72,7 @@ def unequal_learners(rank: int, world: int, runs: int):
         for _ in range(rng.randint(0, 30)):  # some learners take no step at all
             with lock:
                 params[0].add_(1.0)  # a local update, taken while an exchange may be in flight
+            thread.apply_pending()
             thread.step_done()
             time.sleep(rng.random() * 0.004)
         started = torch.tensor([thread.pause()])

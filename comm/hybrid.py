@@ -1,0 +1,152 @@
+"""HYBRID (H-ADPSGD): synchronous allreduce inside a node, ADPSGD gossip between nodes.
+
+The learners of a node form a "super learner": DeepSpeed's data-parallel group (through `mpu`) is the node,
+so DeepSpeed allreduces gradients over the fast intra-node link only. Between nodes, each node's leader
+(local rank 0) runs the ADPSGD gossip thread (comm/gossip.py, the same machinery, paired by the same
+schedule over nodes) against the leader of a peer node. The merge must reach every learner of the node at
+the same step boundary, or the replicas would drift apart: after every step the leader broadcasts what it
+received (a one-element flag, then the delta when there is one) over the node group, and every learner of
+the node adds the same delta. The replicas stay bit-identical.
+
+An emulated inter-node link (`link`: bandwidth and latency) stretches every gossip exchange to the time the
+bytes would take on that link, so the strategies' runtime trade-off can be studied on one machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from comm.adpsgd import ADPSGDStrategy
+from comm.gossip import GossipThread, add_flat
+from comm.layout import LayoutError
+
+
+class NodeMPU:
+    """DeepSpeed's `mpu`: data-parallel group = this learner's node, model-parallel group = itself."""
+
+    def __init__(self, layout):
+        # new_group is collective: every learner creates every group, in the same order
+        nodes = [dist.new_group(list(range(n * layout.local_size, (n + 1) * layout.local_size)))
+                 for n in range(layout.nodes)]
+        singles = [dist.new_group([r]) for r in range(layout.world_size)]
+        self.layout = layout
+        self.node_group = nodes[layout.node_rank]
+        self.single_group = singles[layout.rank]
+
+    def get_data_parallel_group(self):
+        return self.node_group
+
+    def get_data_parallel_rank(self) -> int:
+        return self.layout.local_rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.layout.local_size
+
+    def get_model_parallel_group(self):
+        return self.single_group
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+
+class EmulatedLinkGossip(GossipThread):
+    """A gossip thread whose exchanges take at least as long as they would on the configured link."""
+
+    def __init__(self, *args, bandwidth_gbps: float = 0.0, latency_ms: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bandwidth = bandwidth_gbps * 1e9 / 8  # bytes/s; 0 = not emulated
+        self.latency = latency_ms / 1000
+
+    def _exchange(self, peer: int) -> None:
+        t0 = time.perf_counter()
+        before = self.bytes_sent
+        super()._exchange(peer)
+        sent = self.bytes_sent - before
+        wire = self.latency + (sent / self.bandwidth if self.bandwidth > 0 else 0.0)
+        time.sleep(max(0.0, wire - (time.perf_counter() - t0)))
+
+
+class HybridStrategy(ADPSGDStrategy):
+    name = "hybrid"
+    options = {**ADPSGDStrategy.options, "link": {}}  # {"bandwidth_gbps": 1.0, "latency_ms": 1.0}; {} = real
+    independent_sampling = False  # the learners of a node step together; nodes read different shards
+
+    def __init__(self, layout, options):
+        if layout.nodes < 2:
+            raise LayoutError(f"hybrid needs at least 2 nodes (gossip runs between nodes); got nodes="
+                              f"{layout.nodes} x local_size={layout.local_size} = world_size={layout.world_size}. "
+                              "On one machine, emulate nodes with run.sh --nodes M")
+        super().__init__(layout, options, units=layout.nodes)
+        unknown = sorted(set(self.conf["link"]) - {"bandwidth_gbps", "latency_ms"})
+        if unknown:
+            raise ValueError(f'"comm.link" options {unknown} are unknown; valid: bandwidth_gbps, latency_ms')
+        self.is_leader = layout.local_rank == 0
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.local_size
+
+    def mpu(self):
+        if self._mpu is None:
+            self._mpu = NodeMPU(self.layout)
+        return self._mpu
+
+    def _gossip_ranks(self) -> list[int]:
+        return [n * self.layout.local_size for n in range(self.layout.nodes)]  # the node leaders
+
+    def _peer(self, round_: int) -> int:
+        return self.schedule.peer(self.layout.node_rank, round_) * self.layout.local_size
+
+    def _start_gossip(self) -> None:
+        if self.is_leader:
+            self._thread = EmulatedLinkGossip(
+                self._params, self._peer, self._group, self.step_lock, self.conf["period"],
+                self.conf["exchange_dtype"], first_round=self.rounds, **self.conf["link"]).start()
+        else:
+            self._thread = _Follower(self.rounds)
+
+    def after_step(self, engine) -> None:
+        """Every learner of the node adds the same delta at the same step boundary."""
+        if self._thread is None:
+            self._start_gossip()
+        group = self.mpu().get_data_parallel_group()
+        delta = self._thread.take_pending() if self.is_leader else None
+        flag = torch.tensor([0 if delta is None else 1])
+        leader = self.layout.node_rank * self.layout.local_size
+        dist.broadcast(flag, src=leader, group=group)
+        if flag.item():
+            if delta is None:
+                delta = torch.empty(sum(p.numel() for p in self._params))
+            dist.broadcast(delta, src=leader, group=group)
+            with self.step_lock:
+                add_flat(self._params, delta)
+        self._thread.step_done()
+
+
+class _Follower:
+    """A non-leader's stand-in for the gossip thread: it exchanges nothing and merges only what its leader
+    broadcasts, but takes part in agreeing on the last round."""
+
+    def __init__(self, rounds: int):
+        self.rounds_started = rounds
+        self.bytes_sent = 0
+        self.exchange_seconds = 0.0
+
+    def step_done(self) -> None:
+        pass
+
+    def take_pending(self):
+        return None
+
+    def pause(self) -> int:
+        return self.rounds_started
+
+    def stop(self, last_round: int, timeout: float | None = None) -> None:
+        self.rounds_started = last_round
