@@ -79,6 +79,7 @@ class ADPSGDStrategy(Strategy):
         return self._mpu
 
     def attach(self, engine) -> None:
+        super().attach(engine)
         self._params = [p for p in engine.module.parameters()]
         # DeepSpeed broadcast inside a group of one: make every learner start from rank 0's weights (trap 2)
         with torch.no_grad():
@@ -94,8 +95,10 @@ class ADPSGDStrategy(Strategy):
         return self.schedule.peer(self.layout.rank, round_)
 
     def _start_gossip(self) -> None:
+        local = self.layout.local_size
         self._thread = GossipThread(self._params, self._peer, self._group, self.step_lock, self.conf["period"],
-                                    self.conf["exchange_dtype"], first_round=self.rounds).start()
+                                    self.conf["exchange_dtype"], first_round=self.rounds, link=self.link,
+                                    crosses_boundary=lambda peer: peer // local != self.layout.node_rank).start()
 
     def step_lock_context(self):
         return self.step_lock
@@ -116,6 +119,7 @@ class ADPSGDStrategy(Strategy):
         self.rounds = int(started)
         self.bytes_sent += self._thread.bytes_sent
         self.exchange_seconds += self._thread.exchange_seconds
+        self.boundary_bytes += self._thread.boundary_bytes
         self._thread = None
 
     def end_epoch(self, engine) -> dict:
@@ -135,7 +139,7 @@ class ADPSGDStrategy(Strategy):
                 offset += p.numel()
         return {"consensus_distance": float(stats.sqrt() / self.layout.world_size ** 0.5),
                 "gossip_rounds": self.rounds, "gossip_bytes_sent": self.bytes_sent,
-                "gossip_exchange_s": self.exchange_seconds}
+                "gossip_exchange_s": self.exchange_seconds, **super().end_epoch(engine)}
 
     def close(self) -> None:
         self._stop_gossip()

@@ -9,16 +9,19 @@ from __future__ import annotations
 import contextlib
 import time
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from comm.layout import ProcessLayout
+from comm.link import EmulatedLink
 
 
 class Strategy:
     name = "base"
     # the keys this strategy accepts in the JSON "comm" section, with their defaults. debug.slowdown
     # {"rank": factor} makes those learners stragglers for experiments: each step then takes factor x as long.
-    options: dict = {"debug": {}}
+    options: dict = {"debug": {}, "link": {}}  # link: an emulated inter-node network (comm/link.py)
     # True: learners draw batches independently from the whole training set and an epoch ends on a global
     # count of utterances, so fast learners do more of the work (DESIGN.md trap 9). False: equal shards.
     independent_sampling = False
@@ -33,6 +36,8 @@ class Strategy:
         unknown = sorted(set(self.conf["debug"]) - {"slowdown"})
         if unknown:
             raise ValueError(f'"comm.debug" options {unknown} are unknown; valid: slowdown')
+        self.link = EmulatedLink(self.conf["link"])
+        self.boundary_bytes = 0.0  # bytes this learner sent across a node boundary (counted with a link only)
         self.slowdown = float(self.conf["debug"].get("slowdown", {}).get(str(layout.rank), 1.0))
         if self.slowdown < 1.0:
             raise ValueError(f"comm.debug.slowdown for rank {layout.rank} must be >= 1, got {self.slowdown}")
@@ -48,6 +53,7 @@ class Strategy:
 
     def attach(self, engine) -> None:
         """After deepspeed.initialize: every learner must start from the same weights."""
+        self.model_bytes = sum(p.numel() * p.element_size() for p in engine.module.parameters())
 
     def step_lock_context(self):
         """Held around the optimizer step (ADPSGD: the gossip merge takes the same lock)."""
@@ -62,8 +68,12 @@ class Strategy:
             time.sleep((self.slowdown - 1.0) * step_seconds)
 
     def end_epoch(self, engine) -> dict:
-        """At the end of an epoch, on every learner; -> statistics for the training log."""
-        return {}
+        """At the end of an epoch, on every learner (collective); -> statistics for the training log."""
+        if not self.link.enabled:
+            return {}
+        total = torch.tensor([self.boundary_bytes], dtype=torch.float64)
+        dist.all_reduce(total)
+        return {"boundary_bytes_emulated_link": total.item()}
 
     def consensus(self, engine) -> nn.Module:
         """The model to evaluate and checkpoint: the same on every learner."""

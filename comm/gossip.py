@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from comm.link import EmulatedLink
+
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -43,10 +45,11 @@ def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
 
 class GossipThread:
     def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int | None], group,
-                 step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0):
-        """peer_of_round(r) -> the global rank to exchange with in round r, or None to sit the round out
-        (HYBRID: learners that are not their node's leader). period: optimizer steps between the starts of
-        two rounds; 0 = back to back, continuously."""
+                 step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0,
+                 link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True):
+        """peer_of_round(r) -> the global rank to exchange with in round r. period: optimizer steps between
+        the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link that
+        exchanges with a peer for which crosses_boundary(peer) is true are stretched to."""
         self.params = params
         self.peer_of_round = peer_of_round
         self.group = group
@@ -57,6 +60,9 @@ class GossipThread:
         self.bytes_sent = 0
         self.exchange_seconds = 0.0
         self.merges_skipped = 0  # peer weights that were not finite
+        self.link = link or EmulatedLink({})
+        self.crosses_boundary = crosses_boundary
+        self.boundary_bytes = 0
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._stop_at: int | None = None
@@ -109,9 +115,7 @@ class GossipThread:
     def _run(self) -> None:
         try:
             while (r := self._next_round()) is not None:
-                peer = self.peer_of_round(r)
-                if peer is not None:
-                    self._exchange(peer)
+                self._exchange(self.peer_of_round(r))
         except BaseException as err:  # reported by stop() on the compute thread
             self._error = err
 
@@ -124,7 +128,11 @@ class GossipThread:
         requests = [dist.isend(outgoing, peer, group=self.group), dist.irecv(incoming, peer, group=self.group)]
         for req in requests:
             req.wait()
-        self.bytes_sent += outgoing.numel() * outgoing.element_size()
+        nbytes = outgoing.numel() * outgoing.element_size()
+        self.bytes_sent += nbytes
+        if self.link.enabled and self.crosses_boundary(peer):
+            self.link.wait_out(t0, nbytes)  # both directions at once: one message's worth of time
+            self.boundary_bytes += nbytes
         if self.dtype != torch.float32:
             # both sides take the difference of the same two rounded vectors, so the deltas stay opposite
             # and the sum of the weights is still preserved exactly

@@ -8,20 +8,16 @@ the same step boundary, or the replicas would drift apart: after every step the 
 received (a one-element flag, then the delta when there is one) over the node group, and every learner of
 the node adds the same delta. The replicas stay bit-identical.
 
-An emulated inter-node link (`link`: bandwidth and latency) stretches every gossip exchange to the time the
-bytes would take on that link, so the strategies' runtime trade-off can be studied on one machine.
+With an emulated inter-node link (comm/link.py) every leader exchange lasts as long as on that link.
 """
 
 from __future__ import annotations
-
-import threading
-import time
 
 import torch
 import torch.distributed as dist
 
 from comm.adpsgd import ADPSGDStrategy
-from comm.gossip import GossipThread, add_flat
+from comm.gossip import add_flat
 from comm.layout import LayoutError
 
 
@@ -56,26 +52,8 @@ class NodeMPU:
         return 1
 
 
-class EmulatedLinkGossip(GossipThread):
-    """A gossip thread whose exchanges take at least as long as they would on the configured link."""
-
-    def __init__(self, *args, bandwidth_gbps: float = 0.0, latency_ms: float = 0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.bandwidth = bandwidth_gbps * 1e9 / 8  # bytes/s; 0 = not emulated
-        self.latency = latency_ms / 1000
-
-    def _exchange(self, peer: int) -> None:
-        t0 = time.perf_counter()
-        before = self.bytes_sent
-        super()._exchange(peer)
-        sent = self.bytes_sent - before
-        wire = self.latency + (sent / self.bandwidth if self.bandwidth > 0 else 0.0)
-        time.sleep(max(0.0, wire - (time.perf_counter() - t0)))
-
-
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
-    options = {**ADPSGDStrategy.options, "link": {}}  # {"bandwidth_gbps": 1.0, "latency_ms": 1.0}; {} = real
     independent_sampling = False  # the learners of a node step together; nodes read different shards
 
     def __init__(self, layout, options):
@@ -84,9 +62,6 @@ class HybridStrategy(ADPSGDStrategy):
                               f"{layout.nodes} x local_size={layout.local_size} = world_size={layout.world_size}. "
                               "On one machine, emulate nodes with run.sh --nodes M")
         super().__init__(layout, options, units=layout.nodes)
-        unknown = sorted(set(self.conf["link"]) - {"bandwidth_gbps", "latency_ms"})
-        if unknown:
-            raise ValueError(f'"comm.link" options {unknown} are unknown; valid: bandwidth_gbps, latency_ms')
         self.is_leader = layout.local_rank == 0
 
     @property
@@ -106,9 +81,7 @@ class HybridStrategy(ADPSGDStrategy):
 
     def _start_gossip(self) -> None:
         if self.is_leader:
-            self._thread = EmulatedLinkGossip(
-                self._params, self._peer, self._group, self.step_lock, self.conf["period"],
-                self.conf["exchange_dtype"], first_round=self.rounds, **self.conf["link"]).start()
+            super()._start_gossip()
         else:
             self._thread = _Follower(self.rounds)
 
@@ -136,7 +109,7 @@ class _Follower:
 
     def __init__(self, rounds: int):
         self.rounds_started = rounds
-        self.bytes_sent = 0
+        self.bytes_sent = self.boundary_bytes = 0
         self.exchange_seconds = 0.0
 
     def step_done(self) -> None:

@@ -2,6 +2,7 @@
 
     python -m recipe.bench sync   [--exp exp/sync] [--learners 2] [--steps 60] [--rounds 3]
     python -m recipe.bench adpsgd [--work exp/bench] [--learners 2] [--utterances 1000] [--rounds 2]
+    python -m recipe.bench strategies [--work exp/bench] [--nodes 2] [--per-node 2] [--epochs 2]
 
 sync: the recipe's SYNC training path (DeepSpeed engine, train_step of recipe/train.py) against a plain
 hand-written PyTorch DistributedDataParallel loop: same model, same batches, same learners and threads per
@@ -12,6 +13,10 @@ machine's speed hits both; the first steps of each arm are warm-up. Prints recip
 adpsgd: one epoch of recipe/train.py per arm on a corpus subset, arms interleaved: SYNC, ADPSGD, ADPSGD with
 gossip off, and each strategy with learner 1 slowed 2x (comm.debug.slowdown). Prints ADPSGD's gossip overhead
 and how much of its own throughput each strategy keeps with the straggler.
+
+strategies: SYNC, ADPSGD and HYBRID on 2 emulated nodes x 2 learners, same model, data and epochs, with the
+inter-node link emulated slow (comm/link.py): time per epoch, aggregate frames/s, bytes across the node
+boundary per epoch, held-out CER.
 """
 
 from __future__ import annotations
@@ -130,40 +135,55 @@ def train_learner(rank: int, world: int, argv: list[str]) -> dict:
     return train(parse_args(argv))
 
 
-ARMS = {  # name -> (base JSON, comm overrides)
+ADPSGD_ARMS = {  # name -> (base JSON, comm overrides)
     "sync": ("ds_configs/sync.json", {}),
     "adpsgd": ("ds_configs/adpsgd.json", {}),
     "adpsgd-gossip-off": ("ds_configs/adpsgd.json", {"period": 10 ** 9}),  # the thread never starts a round
     "sync-straggler": ("ds_configs/sync.json", {"debug": {"slowdown": {"1": 2.0}}}),
     "adpsgd-straggler": ("ds_configs/adpsgd.json", {"debug": {"slowdown": {"1": 2.0}}}),
 }
+SLOW_LINK = {"bandwidth_gbps": 1.0, "latency_ms": 0.5}  # emulated inter-node network (comm/link.py)
+STRATEGY_ARMS = {name: (f"ds_configs/{name}.json", {"link": SLOW_LINK}) for name in ("sync", "adpsgd", "hybrid")}
 
 
-def bench_adpsgd(a) -> None:
+def prepare_subset(work: Path, utterances: int, epochs: int) -> tuple[Path, list[str]]:
+    """A prepared experiment on the first `utterances` of a synthesized corpus (shared by all arms)."""
     from recipe.prepare import main as prepare
 
-    work = Path(a.work).resolve()
-    base = work / "base"
-    subset = [f"data.synth_train={a.utterances}", "data.synth_test=100", "train.epochs=1"]
+    base = work / f"base-{utterances}"
+    subset = [f"data.synth_train={utterances}", "data.synth_test=100", f"train.epochs={epochs}"]
     if not (base / "features.json").is_file():
         for stage in ("data", "features"):
             assert prepare([stage, "--exp", str(base), "--work", str(work), *subset]) == 0
+    return base, subset
+
+
+def run_arm(work: Path, base: Path, name: str, arm: tuple[str, dict], overrides: list[str], learners: int,
+            nodes: int = 1) -> dict:
+    """One training run of recipe/train.py with the arm's JSON, in a copy of the prepared experiment."""
+    exp = work / name
+    shutil.rmtree(exp, ignore_errors=True)
+    shutil.copytree(base, exp, ignore=shutil.ignore_patterns("checkpoints", "*.jsonl", "metrics.json"))
+    json_path, comm = arm
+    ds = json.loads(Path(json_path).read_text())
+    ds["comm"] = {**ds["comm"], **copy.deepcopy(comm)}
+    (exp / "ds.json").write_text(json.dumps(ds))
+    argv = ["--exp", str(exp), "--ds-config", str(exp / "ds.json"), "--nodes", str(nodes), *overrides]
+    return run_learners(train_learner, learners, argv, timeout=None)[0]
+
+
+def bench_adpsgd(a) -> None:
+    work = Path(a.work).resolve()
+    base, subset = prepare_subset(work, a.utterances, epochs=1)
     print(f"ADPSGD: {a.learners} learners ({a.learners} cores), 1 epoch of {a.utterances} utterances per arm, "
           f"{a.rounds} rounds; the straggler is learner 1, slowed 2x")
-    results: dict[str, list[dict]] = {name: [] for name in ARMS}
+    results: dict[str, list[dict]] = {name: [] for name in ADPSGD_ARMS}
     for r in range(1, a.rounds + 1):
-        for name, (json_path, comm) in ARMS.items():
-            exp = work / f"{name}-{r}"
-            shutil.rmtree(exp, ignore_errors=True)
-            shutil.copytree(base, exp, ignore=shutil.ignore_patterns("checkpoints", "*.jsonl", "metrics.json"))
-            ds = json.loads(Path(json_path).read_text())
-            ds["comm"] = {**ds["comm"], **copy.deepcopy(comm)}
-            (exp / "ds.json").write_text(json.dumps(ds))
-            m = run_learners(train_learner, a.learners, ["--exp", str(exp), "--ds-config", str(exp / "ds.json"),
-                                                          *subset])[0]
+        for name, arm in ADPSGD_ARMS.items():
+            m = run_arm(work, base, f"{name}-{r}", arm, subset, a.learners)
             results[name].append(m)
-            extra = f"  gossip {m['gossip_bytes_sent'] / 2 ** 20:.0f} MiB sent by learner 0, " \
-                    f"{m['gossip_rounds']} rounds" if "gossip_rounds" in m else ""
+            extra = f"  gossip: {m['gossip_rounds']} rounds, {m['gossip_bytes_sent'] / 2 ** 20:.0f} MiB sent by " \
+                    f"learner 0" if "gossip_rounds" in m else ""
             print(f"round {r} {name:>18}: {m['train_frames_per_s']:7.0f} frames/s  epoch {m['wall_s']:5.1f} s  "
                   f"held-out CER {100 * m['cer']:5.1f}%{extra}", flush=True)
     fps = {name: statistics.median(m["train_frames_per_s"] for m in ms) for name, ms in results.items()}
@@ -172,6 +192,22 @@ def bench_adpsgd(a) -> None:
           f"ADPSGD keeps {fps['adpsgd-straggler'] / fps['adpsgd']:.3f} (ideal with {a.learners} learners: "
           f"{(a.learners - 0.5) / a.learners:.3f})")
     print(f"ADPSGD / SYNC throughput, no straggler: {fps['adpsgd'] / fps['sync']:.3f}")
+
+
+def bench_strategies(a) -> None:
+    work = Path(a.work).resolve()
+    base, subset = prepare_subset(work, a.utterances, epochs=a.epochs)
+    learners = a.nodes * a.per_node
+    print(f"strategies: {a.nodes} emulated nodes x {a.per_node} learners on {learners} processes (2 cores), "
+          f"{a.epochs} epochs of {a.utterances} utterances, inter-node link EMULATED at "
+          f"{SLOW_LINK['bandwidth_gbps']} Gbit/s and {SLOW_LINK['latency_ms']} ms")
+    print(f"{'':>8} {'s/epoch':>8} {'frames/s':>9} {'MiB across nodes/epoch':>23} {'held-out CER':>13} "
+          f"{'loss':>6}")
+    for name, arm in STRATEGY_ARMS.items():
+        m = run_arm(work, base, f"strategies-{name}", arm, subset, learners, a.nodes)
+        print(f"{name:>8} {m['wall_s'] / a.epochs:8.1f} {m['train_frames_per_s']:9.0f} "
+              f"{m['boundary_bytes_emulated_link'] / 2 ** 20:23.0f} {100 * m['cer']:12.2f}% "
+              f"{m['heldout_loss']:6.3f}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -183,13 +219,19 @@ def main(argv=None) -> int:
     s.add_argument("--steps", type=int, default=60, help="timed steps per arm and round")
     s.add_argument("--rounds", type=int, default=3)
     d = sub.add_parser("adpsgd", help="gossip overhead and stragglers, ADPSGD against SYNC")
-    d.add_argument("--work", default="exp/bench", help="folder for the subset corpus and the arms' runs")
     d.add_argument("--utterances", type=int, default=1000)
     d.add_argument("--rounds", type=int, default=2)
+    t = sub.add_parser("strategies", help="SYNC, ADPSGD, HYBRID on emulated nodes with a slow emulated link")
+    t.add_argument("--utterances", type=int, default=1000)
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--nodes", type=int, default=2)
+    t.add_argument("--per-node", type=int, default=2)
     for parser in (s, d):
         parser.add_argument("--learners", type=int, default=2)
+    for parser in (d, t):
+        parser.add_argument("--work", default="exp/bench", help="folder for the subset corpus and the arms' runs")
     a = p.parse_args(argv)
-    bench_sync(a) if a.bench == "sync" else bench_adpsgd(a)
+    {"sync": bench_sync, "adpsgd": bench_adpsgd, "strategies": bench_strategies}[a.bench](a)
     return 0
 
 

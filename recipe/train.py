@@ -196,7 +196,7 @@ def train(args) -> dict:
                "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
                "train_utterances": len(train_set), "test_utterances": len(test_set),
                "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
-               **{k: v for k, v in last.items() if k.startswith("gossip_") or k == "consensus_distance"},
+               **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_"))},
                "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
     if is_main:

@@ -88,3 +88,13 @@ def test_hybrid_end_to_end_through_the_launcher(tmp_path):
     metrics = json.loads((exp / "metrics.json").read_text())
     assert metrics["strategy"] == "hybrid" and metrics["nodes"] == 2 and metrics["node_batch"] == 16
     assert len((exp / "decode" / "hyp.txt").read_text().splitlines()) == 16
+
+
+def test_emulated_link_figures():
+    from comm.link import EmulatedLink
+
+    link = EmulatedLink({"bandwidth_gbps": 8.0, "latency_ms": 2.0})  # 1e9 bytes/s
+    assert link.transfer_seconds(5e8, messages=3) == pytest.approx(0.006 + 0.5)
+    assert EmulatedLink({}).transfer_seconds(1e12) == 0.0 and not EmulatedLink({}).enabled
+    with pytest.raises(ValueError, match=r"\"comm.link\" options \['bandwidth'\] are unknown"):
+        build_strategy({"strategy": "sync", "link": {"bandwidth": 1}}, ProcessLayout())
