@@ -15,7 +15,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from comm.base import Strategy
+from comm.base import Strategy, collective_device
 from comm.gossip import EXCHANGE_DTYPES, GossipThread, flatten
 from comm.topology import PairingSchedule
 
@@ -113,7 +113,7 @@ class ADPSGDStrategy(Strategy):
         """Agree on the last round over the world and let every gossip thread run to it (collective)."""
         if self._thread is None:  # no step this epoch (a very slow learner): it still owes its peers rounds
             self._start_gossip()
-        started = torch.tensor([self._thread.pause()], dtype=torch.int64)
+        started = torch.tensor([self._thread.pause()], dtype=torch.int64, device=collective_device())
         dist.all_reduce(started, op=dist.ReduceOp.MAX)
         self._thread.stop(int(started))
         self.rounds = int(started)
@@ -126,18 +126,19 @@ class ADPSGDStrategy(Strategy):
         """Stop gossip, average the weights over the world; -> the consensus distance before averaging."""
         self._stop_gossip()
         with torch.no_grad():
-            flat = flatten(self._params, torch.float64)
+            device = collective_device()
+            flat = flatten(self._params, torch.float64).to(device)
             mean = flat.clone()
             dist.all_reduce(mean)
             mean /= self.layout.world_size
             # relative distance of this learner from the mean; averaged over learners below
-            stats = torch.tensor([float((flat - mean).norm() / mean.norm().clamp(min=1e-12)) ** 2])
+            stats = ((flat - mean).norm() / mean.norm().clamp(min=1e-12)) ** 2
             dist.all_reduce(stats)
             offset = 0
             for p in self._params:
                 p.copy_(mean[offset: offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
-        return {"consensus_distance": float(stats.sqrt() / self.layout.world_size ** 0.5),
+        return {"consensus_distance": float(stats.sqrt()) / self.layout.world_size ** 0.5,
                 "gossip_rounds": self.rounds, "gossip_bytes_sent": self.bytes_sent,
                 "gossip_exchange_s": self.exchange_seconds, **super().end_epoch(engine)}
 

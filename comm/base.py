@@ -17,6 +17,14 @@ from comm.layout import ProcessLayout
 from comm.link import EmulatedLink
 
 
+def collective_device() -> torch.device:
+    """Tensors for collectives on the default (and DeepSpeed's) groups live here: NCCL takes GPU tensors
+    only, gloo CPU ones. The gossip group is always gloo, on CPU copies."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class Strategy:
     name = "base"
     # the keys this strategy accepts in the JSON "comm" section, with their defaults. debug.slowdown
@@ -71,7 +79,7 @@ class Strategy:
         """At the end of an epoch, on every learner (collective); -> statistics for the training log."""
         if not self.link.enabled:
             return {}
-        total = torch.tensor([self.boundary_bytes], dtype=torch.float64)
+        total = torch.tensor([self.boundary_bytes], dtype=torch.float64, device=collective_device())
         dist.all_reduce(total)
         return {"boundary_bytes_emulated_link": total.item()}
 

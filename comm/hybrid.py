@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from comm.adpsgd import ADPSGDStrategy
+from comm.base import collective_device
 from comm.gossip import add_flat
 from comm.layout import LayoutError
 
@@ -90,13 +91,14 @@ class HybridStrategy(ADPSGDStrategy):
         if self._thread is None:
             self._start_gossip()
         group = self.mpu().get_data_parallel_group()
+        device = collective_device()  # DeepSpeed's node group: NCCL on GPUs
         delta = self._thread.take_pending() if self.is_leader else None
-        flag = torch.tensor([0 if delta is None else 1])
+        flag = torch.tensor([0 if delta is None else 1], device=device)
         leader = self.layout.node_rank * self.layout.local_size
         dist.broadcast(flag, src=leader, group=group)
         if flag.item():
-            if delta is None:
-                delta = torch.empty(sum(p.numel() for p in self._params))
+            delta = torch.empty(sum(p.numel() for p in self._params), device=device) if delta is None \
+                else delta.to(device)
             dist.broadcast(delta, src=leader, group=group)
             with self.step_lock:
                 add_flat(self._params, delta)

@@ -206,7 +206,7 @@ def bench_strategies(a) -> None:
     for name, arm in STRATEGY_ARMS.items():
         m = run_arm(work, base, f"strategies-{name}", arm, subset, learners, a.nodes)
         print(f"{name:>8} {m['wall_s'] / a.epochs:8.1f} {m['train_frames_per_s']:9.0f} "
-              f"{m['boundary_bytes_emulated_link'] / 2 ** 20:23.0f} {100 * m['cer']:12.2f}% "
+              f"{m['boundary_bytes_emulated_link'] / a.epochs / 2 ** 20:23.0f} {100 * m['cer']:12.2f}% "
               f"{m['heldout_loss']:6.3f}", flush=True)
 
 

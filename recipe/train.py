@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from comm import ProcessLayout, build_strategy
+from comm.base import collective_device
 from model.lstm import count_parameters, ctc_loss
 from recipe.config import load_config
 from recipe.dataset import BucketBatchSampler
@@ -59,7 +60,7 @@ def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
 
 
 def all_sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return t.tolist()
 
