@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -116,6 +116,3 @@ class BucketBatchSampler:
 
     def __len__(self) -> int:
         return self.steps
-
-    def iter_epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[int]]:
-        yield from self.rank_batches(epoch)[start_step:]

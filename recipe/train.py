@@ -132,8 +132,7 @@ def train(args) -> dict:
         (exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
         log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d params=%d "
                  "threads=%d", strategy.name, layout.world_size, layout.nodes, global_batch, node_batch,
-                 steps_per_epoch,
-                 count_parameters(engine.module), torch.get_num_threads())
+                 steps_per_epoch, count_parameters(engine.module), torch.get_num_threads())
 
     train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
     bar = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -161,13 +160,14 @@ def train(args) -> dict:
                 elapsed = time.perf_counter() - t0
                 log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
                          loss_sum / (micro_step + 1), lr, frames / elapsed)
-        n_micro = micro_step + 1
+        strategy_stats = strategy.end_epoch(engine)  # ADPSGD/HYBRID: the consensus is part of the epoch's time
         epoch_wall = time.perf_counter() - t0
+        n_micro = micro_step + 1
         epoch_frames, train_loss = all_sum([frames, loss_sum / n_micro])
-        micro_steps = [int(n) for n in all_sum([n_micro if r == layout.rank else 0 for r in range(layout.world_size)])]
+        one_hot = [n_micro if r == layout.rank else 0 for r in range(layout.world_size)]
+        micro_steps = [int(n) for n in all_sum(one_hot)]  # every learner's step count this epoch
         train_wall += epoch_wall
         train_frames += int(epoch_frames)
-        strategy_stats = strategy.end_epoch(engine)
 
         totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
         totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
