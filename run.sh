@@ -4,7 +4,8 @@
 #   ./run.sh                                   # everything, built-in synthesized corpus, SYNC on 2 learners
 #   ./run.sh --stage 3 --stop-stage 3 --ds-config ds_configs/tuning/sync_bf16.json train.epochs=20
 #
-# Stages (each logged to EXP/log/stage-N.log and skipped once EXP/.done/stage-N exists):
+# Stages, each logged to EXP/log/stage-N.log and skipped once EXP/.done/stage-N exists, unless --stage is
+# given explicitly (then stages N.. run again):
 #   0 set up the virtual environment (.venv: torch==2.13.0, then requirements.txt)
 #   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir; write EXP/data
 #   2 features         log-mel + deltas, in parallel, cached by feature config
@@ -15,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 stage=0
+stage_given=false  # an explicit --stage N reruns stages N.. even if they are done
 stop_stage=5
 conf=recipe/conf/default.yaml
 ds_config=ds_configs/sync.json
@@ -50,15 +52,15 @@ Options:
   -h, --help         this help
   key=value          overrides of the YAML, e.g. train.epochs=20 model.hidden=512 features.cmvn=global
 
-A stage that has finished is skipped on the next run (marker EXP/.done/stage-N); start again from a stage
-with --stage N. Python: \$PYTHON (default python3.11, else python3) makes the virtual environment .venv.
+A stage that has finished is skipped when the recipe runs again (marker EXP/.done/stage-N), so an
+interrupted ./run.sh resumes at the stage it was in; --stage N runs stages N.. again whatever is done. Python: \$PYTHON (default python3.11, else python3) makes the virtual environment .venv.
 USAGE
 }
 
 overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --stage) stage=$2; shift 2 ;;
+    --stage) stage=$2; stage_given=true; shift 2 ;;
     --stop-stage) stop_stage=$2; shift 2 ;;
     --conf) conf=$2; shift 2 ;;
     --ds-config) ds_config=$2; shift 2 ;;
@@ -94,7 +96,10 @@ conf_args=(--conf "$conf" ${overrides[@]+"${overrides[@]}"})
 run_stage() {
   local n=$1 name=$2; shift 2
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
-  if [ -f "$exp/.done/stage-$n" ]; then echo "== stage $n ($name): done before, skipped (rm $exp/.done/stage-$n to redo)"; return 0; fi
+  if [ -f "$exp/.done/stage-$n" ] && [ "$stage_given" = false ]; then
+    echo "== stage $n ($name): done before, skipped (./run.sh --stage $n redoes it)"; return 0
+  fi
+  rm -f "$exp/.done/stage-$n"
   echo "== stage $n ($name): $(date '+%F %T')"
   local t0=$SECONDS
   "$@" 2>&1 | tee "$exp/log/stage-$n.log"
