@@ -139,6 +139,7 @@ ADPSGD_ARMS = {  # name -> (base JSON, comm overrides)
     "sync": ("ds_configs/sync.json", {}),
     "adpsgd": ("ds_configs/adpsgd.json", {}),
     "adpsgd-gossip-off": ("ds_configs/adpsgd.json", {"period": 10 ** 9}),  # the thread never starts a round
+    "adpsgd-fp16": ("ds_configs/adpsgd.json", {"exchange_dtype": "fp16"}),  # half the bytes per exchange
     "sync-straggler": ("ds_configs/sync.json", {"debug": {"slowdown": {"1": 2.0}}}),
     "adpsgd-straggler": ("ds_configs/adpsgd.json", {"debug": {"slowdown": {"1": 2.0}}}),
 }
@@ -187,7 +188,9 @@ def bench_adpsgd(a) -> None:
             print(f"round {r} {name:>18}: {m['train_frames_per_s']:7.0f} frames/s  epoch {m['wall_s']:5.1f} s  "
                   f"held-out CER {100 * m['cer']:5.1f}%{extra}", flush=True)
     fps = {name: statistics.median(m["train_frames_per_s"] for m in ms) for name, ms in results.items()}
-    print(f"gossip overhead: ADPSGD / ADPSGD-gossip-off throughput = {fps['adpsgd'] / fps['adpsgd-gossip-off']:.3f}")
+    off = fps["adpsgd-gossip-off"]
+    print(f"gossip overhead: ADPSGD / ADPSGD-gossip-off throughput = {fps['adpsgd'] / off:.3f} (fp32 exchange), "
+          f"{fps['adpsgd-fp16'] / off:.3f} (fp16 exchange)")
     print(f"with a 2x straggler, SYNC keeps {fps['sync-straggler'] / fps['sync']:.3f} of its throughput, "
           f"ADPSGD keeps {fps['adpsgd-straggler'] / fps['adpsgd']:.3f} (ideal with {a.learners} learners: "
           f"{(a.learners - 0.5) / a.learners:.3f})")
