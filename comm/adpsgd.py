@@ -57,7 +57,8 @@ class ADPSGDStrategy(Strategy):
         super().__init__(layout, options)
         self.schedule = PairingSchedule(units or layout.world_size, self.conf["schedule"])
         if self.conf["exchange_dtype"] not in EXCHANGE_DTYPES:
-            raise ValueError(f"comm.exchange_dtype={self.conf['exchange_dtype']!r}; valid: {', '.join(EXCHANGE_DTYPES)}")
+            raise ValueError(f"comm.exchange_dtype={self.conf['exchange_dtype']!r}; "
+                             f"valid: {', '.join(EXCHANGE_DTYPES)}")
         if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
             raise ValueError(f"comm.period must be an integer >= 0, got {self.conf['period']!r}")
         self.step_lock = threading.Lock()

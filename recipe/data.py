@@ -113,7 +113,7 @@ def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
         raise DataError(f"{scp}:{lineno}: {rec}: no audio path")
     path = Path(entry)
     if not path.is_absolute():
-        path = (Path.cwd() / path)  # Kaldi convention: relative to where the recipe runs
+        path = Path.cwd() / path  # Kaldi convention: relative to where the recipe runs
     if not path.is_file():
         raise DataError(f"{scp}:{lineno}: {rec}: audio file not found: {entry}")
     return str(path.resolve())

@@ -34,11 +34,12 @@ def greedy_decode(logits: torch.Tensor, lengths: torch.Tensor, tokens: list[str]
 
 def error_counts(refs: list[str], hyps: list[str]) -> dict[str, int]:
     """Edit-distance counts that add up over shards (rates are computed only at the end)."""
-    hyps = [h if h else "" for h in hyps]
     c = jiwer.process_characters(refs, hyps)
     w = jiwer.process_words(refs, hyps)
-    return {"char_errors": c.substitutions + c.deletions + c.insertions, "chars": c.substitutions + c.deletions + c.hits,
-            "word_errors": w.substitutions + w.deletions + w.insertions, "words": w.substitutions + w.deletions + w.hits}
+    return {"char_errors": c.substitutions + c.deletions + c.insertions,
+            "chars": c.substitutions + c.deletions + c.hits,
+            "word_errors": w.substitutions + w.deletions + w.insertions,
+            "words": w.substitutions + w.deletions + w.hits}
 
 
 @torch.no_grad()

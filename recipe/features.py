@@ -150,7 +150,8 @@ def cmvn_stats(cache: FeatureCache, mode: str) -> dict[str, tuple[np.ndarray, np
     """{group: (mean, std)}: one group '*' for global, one per speaker or per utterance; {} for none."""
     if mode == "none":
         return {}
-    groups = {"global": lambda i: "*", "speaker": lambda i: cache.speakers[i], "utterance": lambda i: cache.utts[i]}[mode]
+    groups = {"global": lambda i: "*", "speaker": lambda i: cache.speakers[i],
+              "utterance": lambda i: cache.utts[i]}[mode]
     sums: dict[str, list] = {}
     for i in range(len(cache)):
         x = cache[i].astype(np.float64)

@@ -27,7 +27,6 @@ def test_layouts_are_validated_with_every_factor():
 
 def hybrid_steps(rank: int, world: int, steps: int):
     import deepspeed
-    import torch.distributed as dist
 
     from model.lstm import LSTMAcousticModel, ctc_loss
 
