@@ -20,26 +20,36 @@ from comm.gossip import EXCHANGE_DTYPES, GossipThread, flatten
 from comm.topology import PairingSchedule
 
 
-class SingletonMPU:
-    """What DeepSpeed's `mpu` argument needs: data- and model-parallel groups holding this learner alone."""
+class GroupMPU:
+    """What DeepSpeed's `mpu` argument needs. Data-parallel groups of `unit` consecutive ranks (1: every
+    learner alone, ADPSGD; the learners of a node, HYBRID); the model-parallel group is the learner alone."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, layout, unit: int):
         # new_group is collective: every learner creates every group, in the same order
-        groups = [dist.new_group([r]) for r in range(world_size)]
-        self.group = groups[rank]
+        singles = [dist.new_group([r]) for r in range(layout.world_size)]
+        units = singles if unit == 1 else [dist.new_group(list(range(u * unit, (u + 1) * unit)))
+                                           for u in range(layout.world_size // unit)]
+        self.model_group = singles[layout.rank]
+        self.data_group = units[layout.rank // unit]
+        self.data_rank, self.data_size = layout.rank % unit, unit
 
     def get_data_parallel_group(self):
-        return self.group
+        return self.data_group
 
     def get_data_parallel_rank(self) -> int:
-        return 0
+        return self.data_rank
 
     def get_data_parallel_world_size(self) -> int:
-        return 1
+        return self.data_size
 
-    get_model_parallel_group = get_data_parallel_group
-    get_model_parallel_rank = get_data_parallel_rank
-    get_model_parallel_world_size = get_data_parallel_world_size
+    def get_model_parallel_group(self):
+        return self.model_group
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
 
 
 class ADPSGDStrategy(Strategy):
@@ -76,7 +86,7 @@ class ADPSGDStrategy(Strategy):
 
     def mpu(self):
         if self._mpu is None:
-            self._mpu = SingletonMPU(self.layout.rank, self.layout.world_size)
+            self._mpu = GroupMPU(self.layout, self.data_parallel_size)
         return self._mpu
 
     def attach(self, engine) -> None:

@@ -29,7 +29,7 @@ EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.
 
 
 def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """params += flat, where flat is the concatenation of all params (fp32, on the CPU)."""
+    """params += flat, where flat is the concatenation of all params (fp32, on any device)."""
     with torch.no_grad():
         offset = 0
         for p in params:
@@ -44,12 +44,12 @@ def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
 
 
 class GossipThread:
-    def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int | None], group,
+    def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int], group,
                  step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0,
                  link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True):
         """peer_of_round(r) -> the global rank to exchange with in round r. period: optimizer steps between
-        the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link that
-        exchanges with a peer for which crosses_boundary(peer) is true are stretched to."""
+        the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link; an
+        exchange with a peer for which crosses_boundary(peer) is true lasts at least as long as on it."""
         self.params = params
         self.peer_of_round = peer_of_round
         self.group = group

@@ -22,37 +22,6 @@ from comm.gossip import add_flat
 from comm.layout import LayoutError
 
 
-class NodeMPU:
-    """DeepSpeed's `mpu`: data-parallel group = this learner's node, model-parallel group = itself."""
-
-    def __init__(self, layout):
-        # new_group is collective: every learner creates every group, in the same order
-        nodes = [dist.new_group(list(range(n * layout.local_size, (n + 1) * layout.local_size)))
-                 for n in range(layout.nodes)]
-        singles = [dist.new_group([r]) for r in range(layout.world_size)]
-        self.layout = layout
-        self.node_group = nodes[layout.node_rank]
-        self.single_group = singles[layout.rank]
-
-    def get_data_parallel_group(self):
-        return self.node_group
-
-    def get_data_parallel_rank(self) -> int:
-        return self.layout.local_rank
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.layout.local_size
-
-    def get_model_parallel_group(self):
-        return self.single_group
-
-    def get_model_parallel_rank(self) -> int:
-        return 0
-
-    def get_model_parallel_world_size(self) -> int:
-        return 1
-
-
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
     independent_sampling = False  # the learners of a node step together; nodes read different shards
@@ -67,12 +36,7 @@ class HybridStrategy(ADPSGDStrategy):
 
     @property
     def data_parallel_size(self) -> int:
-        return self.layout.local_size
-
-    def mpu(self):
-        if self._mpu is None:
-            self._mpu = NodeMPU(self.layout)
-        return self._mpu
+        return self.layout.local_size  # DeepSpeed's group (the mpu's): the node
 
     def _gossip_ranks(self) -> list[int]:
         return [n * self.layout.local_size for n in range(self.layout.nodes)]  # the node leaders
