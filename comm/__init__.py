@@ -1,7 +1,7 @@
 """Distributed training strategies, chosen by name from the DeepSpeed JSON's "comm" section."""
 
 from comm.adpsgd import ADPSGDStrategy
-from comm.base import Strategy
+from comm.base import Strategy, init_distributed
 from comm.hybrid import HybridStrategy
 from comm.layout import LayoutError, ProcessLayout
 from comm.sync import SyncStrategy
@@ -19,4 +19,4 @@ def build_strategy(comm_section: dict, layout: ProcessLayout) -> Strategy:
     return STRATEGIES[name](layout, options)
 
 
-__all__ = ["STRATEGIES", "LayoutError", "ProcessLayout", "Strategy", "build_strategy"]
+__all__ = ["STRATEGIES", "LayoutError", "ProcessLayout", "Strategy", "build_strategy", "init_distributed"]

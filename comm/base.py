@@ -17,6 +17,24 @@ from comm.layout import ProcessLayout
 from comm.link import EmulatedLink
 
 
+def init_distributed() -> None:
+    """deepspeed.init_distributed on the accelerator's backend (NCCL on GPUs, gloo on CPU).
+
+    On CPU, DeepSpeed would first JIT-compile its shared-memory allreduce op and map a 69 MB /dev/shm buffer per
+    learner that it never unlinks: every run leaves them behind in RAM (a few dozen test runs filled 22 GB), the
+    compile needs a C++ toolchain, and learners starting together race each other's compile in the shared
+    extension cache. The op serves only DeepSpeed's inference_all_reduce, which training never calls, so it is
+    marked unavailable here and DeepSpeed uses plain gloo."""
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+
+
 def collective_device() -> torch.device:
     """Tensors for collectives on the default (and DeepSpeed's) groups live here: NCCL takes GPU tensors
     only, gloo CPU ones. The gossip group is always gloo, on CPU copies."""

@@ -41,7 +41,7 @@ WARMUP_STEPS = 5
 def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     import torch.distributed as dist
 
-    from comm import ProcessLayout, build_strategy
+    from comm import ProcessLayout, build_strategy, init_distributed
     from model.lstm import ctc_loss
     from recipe.dataset import BucketBatchSampler
     from recipe.ds_config import load_ds_config
@@ -58,9 +58,7 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     collated = [data.collate(b) for b in batches[: WARMUP_STEPS + args["steps"]]]  # untimed, same for both
 
     if arm == "recipe":
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo")
+        init_distributed()
         strategy = build_strategy(comm_conf, ProcessLayout.from_env())
         engine = build_engine(exp, conf, engine_conf, strategy, data.cache.dim, micro * world)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import torch.multiprocessing as mp
 
@@ -26,7 +27,8 @@ def _learner(rank: int, world: int, port: int, fn, args, results) -> None:
 
 def run_learners(fn, world: int, *args, timeout: float | None = 600.0) -> list:
     """fn(rank, world, *args) in `world` processes -> its results by rank. fn must be importable (module
-    level) and return something picklable; a learner that fails or outlives `timeout` is an error."""
+    level) and return something picklable; a learner that fails or outlives `timeout` is an error. When one
+    learner fails the others are stopped at once rather than left waiting on it in a rendezvous or collective."""
     ctx = mp.get_context("spawn")
     port = free_port()
     with ctx.Manager() as manager:
@@ -34,12 +36,16 @@ def run_learners(fn, world: int, *args, timeout: float | None = 600.0) -> list:
         procs = [ctx.Process(target=_learner, args=(r, world, port, fn, args, results)) for r in range(world)]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(p.is_alive() for p in procs) and not any(p.exitcode for p in procs):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        codes = [p.exitcode for p in procs]  # read before the kill: None marks a learner still running
         for p in procs:
             if p.is_alive():
                 p.kill()
-        codes = [p.exitcode for p in procs]
+                p.join()
         if codes != [0] * world:
             raise RuntimeError(f"learner exit codes {codes} (0 = success)")
         return [results[r] for r in range(world)]

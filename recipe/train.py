@@ -30,7 +30,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from comm import ProcessLayout, build_strategy
+from comm import ProcessLayout, build_strategy, init_distributed
 from comm.base import collective_device
 from model.lstm import count_parameters, ctc_loss
 from recipe.config import load_config
@@ -66,15 +66,12 @@ def all_sum(values: list[float]) -> list[float]:
 
 
 def train(args) -> dict:
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
     layout = ProcessLayout.from_env(emulated_nodes=args.nodes)
     conf = load_config(args.conf, args.overrides)
     engine_conf, comm_conf = load_ds_config(args.ds_config)
     learners_here = int(os.environ.get("LOCAL_SIZE", layout.local_size))  # real processes on this machine
     torch.set_num_threads(threads_per_learner(conf.train.num_threads, learners_here))
-    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    init_distributed()
     strategy = build_strategy(comm_conf, layout)
     exp = Experiment(args.exp, conf)
     is_main = layout.rank == 0

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from comm import ProcessLayout, build_strategy
+from comm import ProcessLayout, build_strategy, init_distributed
 from comm.layout import LayoutError
 from tests.conftest import REPO, TINY, free_port, run_learners
 
@@ -30,7 +30,7 @@ def hybrid_steps(rank: int, world: int, steps: int):
 
     from model.lstm import LSTMAcousticModel, ctc_loss
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()
     layout = ProcessLayout.from_env(emulated_nodes=2)
     strategy = build_strategy({"strategy": "hybrid", "period": 1}, layout)
     torch.manual_seed(0)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
 import torch
 
 from tests.conftest import run_learners
@@ -10,10 +14,10 @@ from tests.conftest import run_learners
 def sync_steps(rank: int, world: int, steps: int):
     import deepspeed
 
-    from comm import ProcessLayout, build_strategy
+    from comm import ProcessLayout, build_strategy, init_distributed
     from model.lstm import LSTMAcousticModel, ctc_loss
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()
     strategy = build_strategy({"strategy": "sync"}, ProcessLayout.from_env())
     torch.manual_seed(100 + rank)  # different initial weights on purpose: initialize must broadcast rank 0's
     model = LSTMAcousticModel(input_dim=12, output_dim=6, layers=2, hidden=16, dropout=0.0, stack=2)
@@ -37,10 +41,31 @@ def sync_steps(rank: int, world: int, steps: int):
     return {"initial": initial, "start": start, "final": final, "losses": losses}
 
 
+def deepspeed_shm_buffers() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")}
+
+
 def test_two_learners_stay_bit_identical_under_sync():
+    shm_before = deepspeed_shm_buffers()
     a, b = run_learners(sync_steps, 2, 6)
+    assert deepspeed_shm_buffers() <= shm_before  # DeepSpeed's CPU shm op left no RAM behind (comm/base.py)
     assert not torch.equal(a["initial"], b["initial"])  # they did start apart
     assert torch.equal(a["start"], b["start"])  # ... and were made equal at initialize
     assert not torch.equal(a["start"], a["final"])  # training moved the weights
     assert torch.equal(a["final"], b["final"])  # bit-identical after several steps on different data
     assert a["losses"] != b["losses"]  # the data really differed
+
+
+def fail_or_wait(rank: int, world: int):
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("learner 1 fails before joining the process group")
+    dist.init_process_group("gloo")  # would wait for learner 1 until the rendezvous timeout (10 min)
+
+
+def test_one_failing_learner_stops_the_others_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exit codes \[None, 1\]"):
+        run_learners(fail_or_wait, 2)
+    assert time.monotonic() - t0 < 60
