@@ -7,6 +7,7 @@ own allreduce does the work); ADPSGD and HYBRID use all of them (DESIGN.md secti
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 
 import torch
@@ -17,8 +18,9 @@ from comm.layout import ProcessLayout
 from comm.link import EmulatedLink
 
 
-def init_distributed() -> None:
-    """deepspeed.init_distributed on the accelerator's backend (NCCL on GPUs, gloo on CPU).
+def init_distributed(timeout_s: float | None = None) -> None:
+    """deepspeed.init_distributed on the accelerator's backend (NCCL on GPUs, gloo on CPU); a collective that
+    waits longer than timeout_s (default: DeepSpeed's 30 minutes) for a learner fails.
 
     On CPU, DeepSpeed would first JIT-compile its shared-memory allreduce op and map a 69 MB /dev/shm buffer per
     learner that it never unlinks: every run leaves them behind in RAM (a few dozen test runs filled 22 GB), the
@@ -32,7 +34,8 @@ def init_distributed() -> None:
     accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), **kwargs)
 
 
 def collective_device() -> torch.device:

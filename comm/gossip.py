@@ -12,6 +12,10 @@ Stopping (trap 8): every thread runs rounds 0, 1, 2, ... in order and its peer i
 schedule, so two threads never wait on each other across different rounds. To stop, the learners pause
 (no new round starts), agree on R = the largest number of rounds any of them has started, and every thread
 runs on to exactly R rounds. Each exchange then has its partner, whoever was fast or slow.
+
+Every message is preceded by a header (round, sender, length) that the receiver checks against what it
+expects: a peer in another round or with another model is a GossipProtocolError, never a silent merge of the
+wrong weights.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ import torch.distributed as dist
 from comm.link import EmulatedLink
 
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class GossipProtocolError(RuntimeError):
+    pass
 
 
 def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -115,17 +123,27 @@ class GossipThread:
     def _run(self) -> None:
         try:
             while (r := self._next_round()) is not None:
-                self._exchange(self.peer_of_round(r))
+                self._exchange(r, self.peer_of_round(r))
         except BaseException as err:  # reported by stop() on the compute thread
             self._error = err
 
-    def _exchange(self, peer: int) -> None:
+    def _exchange(self, r: int, peer: int) -> None:
         t0 = time.perf_counter()
         with self.step_lock:
             snapshot = flatten(self.params)
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
-        requests = [dist.isend(outgoing, peer, group=self.group), dist.irecv(incoming, peer, group=self.group)]
+        header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
+        peer_header = torch.empty_like(header)
+        sent_header = dist.isend(header, peer, group=self.group)
+        dist.irecv(peer_header, peer, group=self.group).wait()
+        if peer_header.tolist() != [r, peer, outgoing.numel()]:
+            got_round, got_sender, got_length = peer_header.tolist()
+            raise GossipProtocolError(
+                f"learner {dist.get_rank()}, round {r}: expected {outgoing.numel()} weights from learner {peer}, "
+                f"got a header for round {got_round} from learner {got_sender} with {got_length} weights")
+        requests = [sent_header, dist.isend(outgoing, peer, group=self.group),
+                    dist.irecv(incoming, peer, group=self.group)]
         for req in requests:
             req.wait()
         nbytes = outgoing.numel() * outgoing.element_size()

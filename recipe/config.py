@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import yaml  # omegaconf's YAML parser (PyYAML): its errors name the line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -74,6 +75,9 @@ class TrainConf:
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
     log_interval: int = 20  # steps between progress lines
     keep_checkpoints: int = 3
+    # a learner that hangs fails the others' collectives after this long (a dead one fails them at once)
+    collective_timeout_s: float = 600.0
+    max_bad_steps: int = 5  # optimizer steps in a row with a non-finite loss or gradient before the run stops
 
 
 @dataclass
@@ -100,10 +104,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if path is not None:
             cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as err:
+        # OSError and YAMLError: the file is not a YAML mapping (omegaconf raises the former for a lone scalar)
         where = f"{path}" if path else "command-line overrides"
+        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+            where = f"{where}:{err.problem_mark.line + 1}"
         key = getattr(err, "full_key", None)
-        reason = str(err).splitlines()[0]
+        reason = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{where}: {key}: {reason}" if key else f"{where}: {reason}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)

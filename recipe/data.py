@@ -187,4 +187,21 @@ def write_tokens(tokens: list[str], path: str | Path) -> None:
 
 
 def read_tokens(path: str | Path) -> list[str]:
-    return [" " if t == SPACE else t for t in Path(path).read_text(encoding="utf-8").splitlines()]
+    """tokens.txt (one token a line, the CTC blank first) -> tokens; a damaged file is a DataError."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if lines[-1] == "":
+        lines.pop()  # the final newline
+    if not lines or lines[0] != BLANK:
+        raise DataError(f"{path}:1: the first token must be the CTC blank {BLANK!r}")
+    first_seen: dict[str, int] = {}
+    for lineno, token in enumerate(lines, 1):
+        if not token:
+            raise DataError(f"{path}:{lineno}: empty token")
+        if token in first_seen:
+            raise DataError(f"{path}:{lineno}: token {token!r} repeats line {first_seen[token]}")
+        first_seen[token] = lineno
+    return [" " if t == SPACE else t for t in lines]

@@ -72,8 +72,13 @@ class Experiment:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"epoch-{epoch:03d}.pt"
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoints intact
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoints intact
+        except (OSError, RuntimeError) as err:  # a full disk surfaces from torch.save as either
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"{path}: checkpoint not written ({err}); the previous checkpoints are intact: "
+                          f"{', '.join(p.name for p in self.checkpoints()) or 'none'}") from err
         for old in self.checkpoints()[:-keep]:
             old.unlink()
         return path

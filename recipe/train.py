@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 
 from comm import ProcessLayout, build_strategy, init_distributed
 from comm.base import collective_device
+from comm.health import Heartbeat
 from model.lstm import count_parameters, ctc_loss
 from recipe.config import load_config
 from recipe.dataset import BucketBatchSampler
@@ -42,6 +45,30 @@ from recipe.progress import progress_bar
 from recipe.schedule import learning_rate
 
 log = logging.getLogger("recipe.train")
+
+
+class NonFiniteTraining(RuntimeError):
+    pass
+
+
+class SkippedSteps:
+    """Optimizer steps skipped for a non-finite loss or gradient (train_step): counted, and `limit` of them in
+    a row stop the run rather than let a diverged model spend more hours."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_row, self.count = limit, 0, 0
+
+    def record(self, loss: float, applied: bool | None, fp16: bool, where: Callable[[], str]) -> None:
+        if applied is None:  # between gradient accumulation boundaries: no step was decided
+            return
+        if applied or (fp16 and math.isfinite(loss)):  # an fp16 skip with a finite loss: a loss-scale probe
+            self.in_row = 0 if applied else self.in_row
+            return
+        self.in_row, self.count = self.in_row + 1, self.count + 1
+        if self.in_row >= self.limit:
+            raise NonFiniteTraining(f"{self.in_row} optimizer steps in a row had a non-finite loss or gradient "
+                                    f"{where()}; stopping. Those steps left the weights as they were. Lower "
+                                    f"optim.lr, check the features, or raise train.max_bad_steps")
 
 
 def threads_per_learner(requested: int, local_size: int) -> int:
@@ -71,7 +98,8 @@ def train(args) -> dict:
     engine_conf, comm_conf = load_ds_config(args.ds_config)
     learners_here = int(os.environ.get("LOCAL_SIZE", layout.local_size))  # real processes on this machine
     torch.set_num_threads(threads_per_learner(conf.train.num_threads, learners_here))
-    init_distributed()
+    init_distributed(conf.train.collective_timeout_s)
+    heartbeat = Heartbeat(layout.rank, layout.world_size)  # names the lost learner when a collective fails
     strategy = build_strategy(comm_conf, layout)
     exp = Experiment(args.exp, conf)
     is_main = layout.rank == 0
@@ -132,60 +160,74 @@ def train(args) -> dict:
                  steps_per_epoch, count_parameters(engine.module), torch.get_num_threads())
 
     train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
+    skipped = SkippedSteps(conf.train.max_bad_steps)
     bar = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[fps]:>7.0f} frames/s"),
                        TimeRemainingColumn(), enabled=is_main)
     task = bar.add_task("", total=1, loss=0.0, fps=0.0)
     bar.start()
-    for epoch in range(first_epoch, conf.train.epochs + 1):
-        torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
-        engine.train()
-        t0, frames, loss_sum = time.perf_counter(), 0, 0.0
-        bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
-        for micro_step, (batch, progress) in enumerate(epoch_batches(epoch)):
-            lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
-            for group in engine.optimizer.param_groups:
-                group["lr"] = lr
-            b = train_set.collate(batch)
-            t_step = time.perf_counter()
-            loss_sum += train_step(engine, strategy, b)
-            strategy.straggle(time.perf_counter() - t_step)
-            frames += int(b["lengths"].sum())
-            bar.update(task, advance=1, loss=loss_sum / (micro_step + 1),
-                       fps=frames * layout.world_size / (time.perf_counter() - t0))
-            if is_main and (micro_step + 1) % conf.train.log_interval == 0:
-                elapsed = time.perf_counter() - t0
-                log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
-                         loss_sum / (micro_step + 1), lr, frames / elapsed)
-        strategy_stats = strategy.end_epoch(engine)  # ADPSGD/HYBRID: the consensus is part of the epoch's time
-        epoch_wall = time.perf_counter() - t0
-        n_micro = micro_step + 1
-        epoch_frames, train_loss = all_sum([frames, loss_sum / n_micro])
-        one_hot = [n_micro if r == layout.rank else 0 for r in range(layout.world_size)]
-        micro_steps = [int(n) for n in all_sum(one_hot)]  # every learner's step count this epoch
-        train_wall += epoch_wall
-        train_frames += int(epoch_frames)
+    epoch = first_epoch
 
-        totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
-        totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
-        record = {"epoch": epoch, "train_loss": train_loss / layout.world_size, "lr": lr,
-                  "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
-                  "learner_micro_steps": micro_steps, **rates(totals), **strategy_stats}
-        if is_main:
-            exp.save_checkpoint({"model": strategy.consensus(engine).state_dict(),
-                                 "optimizer": engine.optimizer.state_dict(), "epoch": epoch,
-                                 "train_wall_s": train_wall, "train_frames": train_frames},
-                                epoch, conf.train.keep_checkpoints)
-            with open(exp.root / "train_log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            log.info("epoch %d done: train loss %.3f  held-out loss %.3f  CER %.2f%%  WER %.2f%%  %.0f frames/s  "
-                     "%.0f s", epoch, record["train_loss"], record["heldout_loss"], 100 * record["cer"],
-                     100 * record["wer"], record["train_frames_per_s"], epoch_wall)
-        history.append(record)
-        dist.barrier()  # nobody starts the next epoch (or exits) while the checkpoint is being written
+    def where() -> str:
+        return (f"on learner {layout.rank} in epoch {epoch} (last checkpoint: "
+                f"{exp.checkpoints()[-1] if exp.checkpoints() else 'none yet'})")
+
+    with heartbeat.watch(where):
+        for epoch in range(first_epoch, conf.train.epochs + 1):
+            torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
+            engine.train()
+            t0, frames, loss_sum, finite_losses, skipped.count = time.perf_counter(), 0, 0.0, 0, 0
+            bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
+            for micro_step, (batch, progress) in enumerate(epoch_batches(epoch)):
+                lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
+                for group in engine.optimizer.param_groups:
+                    group["lr"] = lr
+                b = train_set.collate(batch)
+                t_step = time.perf_counter()
+                loss, applied = train_step(engine, strategy, b)
+                strategy.straggle(time.perf_counter() - t_step)
+                if math.isfinite(loss):
+                    loss_sum, finite_losses = loss_sum + loss, finite_losses + 1
+                skipped.record(loss, applied, engine.fp16_enabled(), where)
+                frames += int(b["lengths"].sum())
+                bar.update(task, advance=1, loss=loss_sum / max(finite_losses, 1),
+                           fps=frames * layout.world_size / (time.perf_counter() - t0))
+                if is_main and (micro_step + 1) % conf.train.log_interval == 0:
+                    elapsed = time.perf_counter() - t0
+                    log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
+                             loss_sum / max(finite_losses, 1), lr, frames / elapsed)
+            strategy_stats = strategy.end_epoch(engine)  # ADPSGD/HYBRID: the consensus is part of the epoch's time
+            epoch_wall = time.perf_counter() - t0
+            n_micro = micro_step + 1
+            epoch_frames, train_loss, skipped_steps = all_sum([frames, loss_sum / max(finite_losses, 1),
+                                                                 skipped.count])
+            one_hot = [n_micro if r == layout.rank else 0 for r in range(layout.world_size)]
+            micro_steps = [int(n) for n in all_sum(one_hot)]  # every learner's step count this epoch
+            train_wall += epoch_wall
+            train_frames += int(epoch_frames)
+
+            totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
+            totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
+            record = {"epoch": epoch, "train_loss": train_loss / layout.world_size, "lr": lr,
+                      "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
+                      "learner_micro_steps": micro_steps, "skipped_steps": int(skipped_steps), **rates(totals),
+                      **strategy_stats}
+            if is_main:
+                exp.save_checkpoint({"model": strategy.consensus(engine).state_dict(),
+                                     "optimizer": engine.optimizer.state_dict(), "epoch": epoch,
+                                     "train_wall_s": train_wall, "train_frames": train_frames},
+                                    epoch, conf.train.keep_checkpoints)
+                with open(exp.root / "train_log.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                log.info("epoch %d done: train loss %.3f  held-out loss %.3f  CER %.2f%%  WER %.2f%%  %.0f frames/s  "
+                         "%.0f s", epoch, record["train_loss"], record["heldout_loss"], 100 * record["cer"],
+                         100 * record["wer"], record["train_frames_per_s"], epoch_wall)
+            history.append(record)
+            dist.barrier()  # nobody starts the next epoch (or exits) while the checkpoint is being written
 
     bar.stop()
     strategy.close()
+    heartbeat.close()
     last = history[-1]
     metrics = {"strategy": strategy.name, "learners": layout.world_size, "nodes": layout.nodes,
                "micro_batch": micro, "gradient_accumulation_steps": accum, "global_batch": global_batch,
@@ -214,18 +256,38 @@ def build_engine(exp: Experiment, conf, engine_conf: dict, strategy, input_dim: 
     return engine
 
 
-def train_step(engine, strategy, batch: dict) -> float:
-    """One micro batch: forward, CTC loss, backward (DeepSpeed reduces as its group says), step, hooks."""
+def gradients_finite(model: torch.nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
+
+
+def train_step(engine, strategy, batch: dict) -> tuple[float, bool | None]:
+    """One micro batch: forward, CTC loss, backward (DeepSpeed reduces as its group says), step, hooks.
+    -> (loss, applied): applied is None between gradient accumulation boundaries, else whether the optimizer
+    step changed the weights. A step with non-finite gradients is skipped: in fp32 here, in bf16 and fp16 by
+    DeepSpeed's optimizer (fp16 also skips its loss-scale overflows). The gradients are checked after
+    DeepSpeed's reduction, so every learner of a data-parallel group skips alike and replicas stay equal."""
     dtype = next(engine.module.parameters()).dtype
     logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
     loss = ctc_loss(logits, out_lengths, batch["targets"].to(engine.device),
                     batch["target_lengths"].to(engine.device))
     engine.backward(loss)
-    with strategy.step_lock_context():
-        engine.step()
-    if engine.is_gradient_accumulation_boundary():
-        strategy.after_step(engine)
-    return loss.item()
+    boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
+    skipped_before = engine.skipped_steps
+    mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
+    skip_here = boundary and not mixed and not gradients_finite(engine.module)
+    if skip_here:  # DeepSpeed's step() still runs (its counters, clipping, zero_grad) but the update does not
+        engine.optimizer.step = lambda *args, **kwargs: None
+    try:
+        with strategy.step_lock_context():
+            engine.step()
+    finally:
+        if skip_here:
+            del engine.optimizer.step  # the class's step() again
+    if not boundary:
+        return loss.item(), None
+    strategy.after_step(engine)
+    return loss.item(), not (skip_here or engine.skipped_steps > skipped_before)
 
 
 def parse_args(argv=None):

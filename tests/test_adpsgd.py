@@ -131,3 +131,40 @@ def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
     scores = json.loads((exp / "decode" / "scores.json").read_text())
     assert scores["utterances"] == 16 and 0.0 <= scores["cer"] <= 1.0
     assert len((exp / "decode" / "hyp.txt").read_text().splitlines()) == 16
+
+
+def gossip_with_a_faulty_peer(rank: int, world: int, fault: str):
+    import torch.distributed as dist
+
+    from comm.gossip import GossipThread
+
+    dist.init_process_group("gloo")
+    params = [torch.full((10,), float(rank))]
+    if rank == 1 and fault == "nan":
+        params[0][3] = float("nan")
+    if rank == 1 and fault == "other model":
+        params.append(torch.zeros(2))
+    thread = GossipThread(params, lambda r: 1 - rank, dist.new_group(backend="gloo"), threading.Lock()).start()
+    for _ in range(5):
+        thread.step_done()
+        time.sleep(0.05)
+        thread.apply_pending()
+    started = torch.tensor([thread.pause()])
+    dist.all_reduce(started, op=dist.ReduceOp.MAX)
+    try:
+        thread.stop(int(started), timeout=30)
+    except RuntimeError as err:
+        return {"error": str(err)}
+    return {"params": params[0], "skipped": thread.merges_skipped, "rounds": thread.rounds_started}
+
+
+def test_a_learner_never_merges_non_finite_weights_from_its_peer():
+    healthy, broken = run_learners(gossip_with_a_faulty_peer, 2, "nan")
+    assert healthy["rounds"] > 0 and healthy["skipped"] == healthy["rounds"]
+    assert torch.equal(healthy["params"], torch.zeros(10))  # untouched by the NaN peer
+
+
+def test_a_peer_with_another_model_is_a_protocol_error_not_a_merge():
+    out = run_learners(gossip_with_a_faulty_peer, 2, "other model")
+    assert "GossipProtocolError" in out[0]["error"] and "expected 10 weights from learner 1" in out[0]["error"]
+    assert "with 12 weights" in out[0]["error"]

@@ -1,0 +1,74 @@
+"""Checkpoints: atomic under a kill mid-save, a clear error on a full disk, pruned, loaded safely."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from recipe.experiment import Experiment
+
+
+def state(epoch: int) -> dict:
+    return {"model": {"w": torch.full((1000,), float(epoch))}, "epoch": epoch}
+
+
+def save_and_die_halfway(root: str) -> None:
+    """Write epoch 2's checkpoint, but the process is SIGKILLed after half of the bytes hit the disk."""
+    real_save = torch.save
+
+    def dying_save(obj, f):
+        real_save(obj, f)
+        size = os.path.getsize(f)
+        os.truncate(f, size // 2)
+        os.kill(os.getpid(), 9)
+
+    torch.save = dying_save
+    Experiment(root).save_checkpoint(state(2), 2, keep=3)
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    exp = Experiment(tmp_path)
+    exp.save_checkpoint(state(1), 1, keep=3)
+    proc = mp.get_context("spawn").Process(target=save_and_die_halfway, args=(str(tmp_path),))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -9
+    assert (tmp_path / "checkpoints" / "epoch-002.pt.tmp").exists()  # the torn write is there ...
+    assert [p.name for p in exp.checkpoints()] == ["epoch-001.pt"]  # ... and never taken for a checkpoint
+    assert exp.load_checkpoint()["epoch"] == 1
+    exp.save_checkpoint(state(2), 2, keep=3)  # the next save simply replaces the torn file
+    assert exp.load_checkpoint()["epoch"] == 2
+
+
+def test_a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoints(tmp_path, monkeypatch):
+    exp = Experiment(tmp_path)
+    exp.save_checkpoint(state(1), 1, keep=3)
+
+    def full_disk(obj, f):
+        with open(f, "wb") as out:
+            out.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"epoch-002\.pt: checkpoint not written .*No space left on device.*"
+                                      r"previous checkpoints are intact: epoch-001\.pt"):
+        exp.save_checkpoint(state(2), 2, keep=3)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch-001.pt"]  # no litter
+
+
+def test_old_checkpoints_are_pruned_to_the_configured_count(tmp_path):
+    exp = Experiment(tmp_path)
+    for epoch in range(1, 6):
+        exp.save_checkpoint(state(epoch), epoch, keep=2)
+    assert [p.name for p in exp.checkpoints()] == ["epoch-004.pt", "epoch-005.pt"]
+
+
+def test_checkpoints_never_unpickle_arbitrary_objects(tmp_path):
+    exp = Experiment(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"epoch": 1, "evil": Experiment}, tmp_path / "checkpoints" / "epoch-001.pt")  # a class: pickled code
+    with pytest.raises(Exception, match="Weights only load failed"):
+        exp.load_checkpoint()
