@@ -117,8 +117,12 @@ class ADPSGDStrategy(Strategy):
     def after_step(self, engine) -> None:
         if self._thread is None:  # started by the first step of an epoch: nothing moves the weights in between
             self._start_gossip()
-        self._thread.apply_pending()
+        self._merge()
         self._thread.step_done()
+
+    def _merge(self) -> None:
+        """Add what the gossip thread received to the weights; at a step boundary or once it has stopped."""
+        self._thread.apply_pending()
 
     def _stop_gossip(self) -> None:
         """Agree on the last round over the world and let every gossip thread run to it (collective)."""
@@ -127,6 +131,7 @@ class ADPSGDStrategy(Strategy):
         started = torch.tensor([self._thread.pause()], dtype=torch.int64, device=collective_device())
         dist.all_reduce(started, op=dist.ReduceOp.MAX)
         self._thread.stop(int(started))
+        self._merge()
         self.rounds = int(started)
         self.bytes_sent += self._thread.bytes_sent
         self.exchange_seconds += self._thread.exchange_seconds

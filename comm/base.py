@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import signal
 import time
 
 import torch
@@ -48,8 +50,9 @@ def collective_device() -> torch.device:
 
 class Strategy:
     name = "base"
-    # the keys this strategy accepts in the JSON "comm" section, with their defaults. debug.slowdown
-    # {"rank": factor} makes those learners stragglers for experiments: each step then takes factor x as long.
+    # the keys this strategy accepts in the JSON "comm" section, with their defaults. For experiments and
+    # fault tests, debug.slowdown {"rank": factor} makes those learners stragglers (each step then takes
+    # factor x as long) and debug.die_at_step {"rank": n} SIGKILLs those learners at their n-th micro batch.
     options: dict = {"debug": {}, "link": {}}  # link: an emulated inter-node network (comm/link.py)
     # True: learners draw batches independently from the whole training set and an epoch ends on a global
     # count of utterances, so fast learners do more of the work (DESIGN.md trap 9). False: equal shards.
@@ -62,14 +65,16 @@ class Strategy:
             raise ValueError(f'"comm" options {unknown} are unknown to strategy {self.name!r}; '
                              f"valid: {sorted(self.options) or 'none'}")
         self.conf = {**self.options, **options}
-        unknown = sorted(set(self.conf["debug"]) - {"slowdown"})
+        unknown = sorted(set(self.conf["debug"]) - {"slowdown", "die_at_step"})
         if unknown:
-            raise ValueError(f'"comm.debug" options {unknown} are unknown; valid: slowdown')
+            raise ValueError(f'"comm.debug" options {unknown} are unknown; valid: die_at_step, slowdown')
         self.link = EmulatedLink(self.conf["link"])
         self.boundary_bytes = 0.0  # bytes this learner sent across a node boundary (counted with a link only)
         self.slowdown = float(self.conf["debug"].get("slowdown", {}).get(str(layout.rank), 1.0))
         if self.slowdown < 1.0:
             raise ValueError(f"comm.debug.slowdown for rank {layout.rank} must be >= 1, got {self.slowdown}")
+        self.die_at_step = int(self.conf["debug"].get("die_at_step", {}).get(str(layout.rank), 0))
+        self._micro_steps = 0
 
     def mpu(self):
         """What DeepSpeed treats as its data-parallel group; None means the whole world."""
@@ -92,9 +97,12 @@ class Strategy:
         """At every optimizer-step boundary."""
 
     def straggle(self, step_seconds: float) -> None:
-        """The debug.slowdown switch: stretch this learner's step by its factor."""
+        """The debug switches, after every micro batch: slowdown, die_at_step."""
         if self.slowdown > 1.0:
             time.sleep((self.slowdown - 1.0) * step_seconds)
+        self._micro_steps += 1
+        if self._micro_steps == self.die_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def end_epoch(self, engine) -> dict:
         """At the end of an epoch, on every learner (collective); -> statistics for the training log."""

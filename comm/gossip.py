@@ -73,6 +73,7 @@ class GossipThread:
         self.boundary_bytes = 0
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
+        self._taken = False  # handed to the compute thread, added by the time it calls step_done()
         self._stop_at: int | None = None
         self._paused = False
         self._cond = threading.Condition()
@@ -84,16 +85,19 @@ class GossipThread:
         return self
 
     def step_done(self) -> None:
-        """Called by the compute thread after every optimizer step (and its merge): paces the rounds."""
+        """Called by the compute thread after every optimizer step and after adding what take_pending() gave:
+        paces the rounds."""
         with self._cond:
             self._steps += 1
+            self._taken = False
             self._cond.notify()
 
     def take_pending(self) -> torch.Tensor | None:
-        """The received deltas not yet merged (flat fp32), or None; the next round may then start."""
+        """The received deltas not yet merged (flat fp32), or None. The next round starts only after the next
+        step_done(), so its snapshot never misses a delta taken but not yet added."""
         with self._cond:
             delta, self._pending = self._pending, None
-            self._cond.notify()
+            self._taken = self._taken or delta is not None
         return delta
 
     def apply_pending(self) -> None:
@@ -112,7 +116,7 @@ class GossipThread:
                     if r >= self._stop_at:
                         return None
                     break
-                merged = self._pending is None  # one exchange in flight at a time, each on fresh weights
+                merged = self._pending is None and not self._taken  # one exchange at a time, on fresh weights
                 if not self._paused and merged and (self.period == 0 or self._steps >= self.period):
                     self._steps = 0
                     break
@@ -129,8 +133,10 @@ class GossipThread:
 
     def _exchange(self, r: int, peer: int) -> None:
         t0 = time.perf_counter()
-        with self.step_lock:
+        with self.step_lock, self._cond:
             snapshot = flatten(self.params)
+            if self._pending is not None:  # while stopping, rounds run on before the compute thread merges:
+                snapshot += self._pending  # exchange the weights as they will be, not as they were
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
         header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
@@ -171,7 +177,8 @@ class GossipThread:
             return self.rounds_started
 
     def stop(self, last_round: int, timeout: float | None = None) -> None:
-        """Run on to exactly `last_round` rounds (agreed by all learners), end the thread, merge what came."""
+        """Run on to exactly `last_round` rounds (agreed by all learners) and end the thread; what arrived is
+        then pending, for the strategy to merge (take_pending / apply_pending)."""
         with self._cond:
             self._stop_at = last_round
             self._cond.notify()
@@ -180,4 +187,3 @@ class GossipThread:
             raise TimeoutError(f"gossip thread did not finish round {last_round} in {timeout} s")
         if self._error is not None:
             raise RuntimeError(f"gossip thread failed: {self._error!r}") from self._error
-        self.apply_pending()

@@ -50,10 +50,8 @@ class HybridStrategy(ADPSGDStrategy):
         else:
             self._thread = _Follower(self.rounds)
 
-    def after_step(self, engine) -> None:
+    def _merge(self) -> None:
         """Every learner of the node adds the same delta at the same step boundary."""
-        if self._thread is None:
-            self._start_gossip()
         group = self.mpu().get_data_parallel_group()
         device = collective_device()  # DeepSpeed's node group: NCCL on GPUs
         delta = self._thread.take_pending() if self.is_leader else None
@@ -66,7 +64,6 @@ class HybridStrategy(ADPSGDStrategy):
             dist.broadcast(delta, src=leader, group=group)
             with self.step_lock:
                 add_flat(self._params, delta)
-        self._thread.step_done()
 
 
 class _Follower:

@@ -36,6 +36,7 @@ def gossip_to_consensus(rank: int, world: int, seconds: float):
     started = torch.tensor([thread.pause()])
     dist.all_reduce(started, op=dist.ReduceOp.MAX)
     thread.stop(int(started), timeout=60)
+    thread.apply_pending()
     return {"initial": initial, "final": params, "rounds": thread.rounds_started}
 
 
@@ -78,6 +79,7 @@ def unequal_learners(rank: int, world: int, runs: int):
         started = torch.tensor([thread.pause()])
         dist.all_reduce(started, op=dist.ReduceOp.MAX)
         thread.stop(int(started), timeout=60)
+        thread.apply_pending()
         first = thread.rounds_started
         rounds.append(first)
     return rounds
@@ -155,6 +157,7 @@ def gossip_with_a_faulty_peer(rank: int, world: int, fault: str):
         thread.stop(int(started), timeout=30)
     except RuntimeError as err:
         return {"error": str(err)}
+    thread.apply_pending()
     return {"params": params[0], "skipped": thread.merges_skipped, "rounds": thread.rounds_started}
 
 
@@ -168,3 +171,31 @@ def test_a_peer_with_another_model_is_a_protocol_error_not_a_merge():
     out = run_learners(gossip_with_a_faulty_peer, 2, "other model")
     assert "GossipProtocolError" in out[0]["error"] and "expected 10 weights from learner 1" in out[0]["error"]
     assert "with 12 weights" in out[0]["error"]
+
+
+def stop_with_a_merge_pending(rank: int, world: int):
+    import torch.distributed as dist
+
+    from comm.gossip import GossipThread
+
+    dist.init_process_group("gloo")
+    params = [torch.full((4,), float(rank))]
+    thread = GossipThread(params, lambda r: 1 - rank, dist.new_group(backend="gloo"), threading.Lock()).start()
+    deadline = time.monotonic() + 30
+    while thread.rounds_started < 2 - rank and time.monotonic() < deadline:
+        if rank == 0:  # learner 0 merges at every step and goes on to start round 1 ...
+            thread.apply_pending()
+        thread.step_done()  # ... learner 1 stops stepping once round 0 started: its delta will stay pending
+        time.sleep(0.01)
+    started = torch.tensor([thread.pause()])
+    dist.all_reduce(started, op=dist.ReduceOp.MAX)
+    thread.stop(int(started), timeout=30)  # learner 1 runs round 1 with round 0 still unmerged
+    thread.apply_pending()
+    return {"rounds": int(started), "params": params[0]}
+
+
+def test_rounds_run_at_the_stop_exchange_the_weights_with_their_pending_merge():
+    out = run_learners(stop_with_a_merge_pending, 2)
+    assert out[0]["rounds"] == 2
+    for o in out:  # one full average: 0 and 1 meet at 0.5 (a stale snapshot would leave 0.75 and 0.25)
+        assert torch.equal(o["params"], torch.full((4,), 0.5))

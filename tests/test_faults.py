@@ -1,23 +1,21 @@
-"""Faults injected into real multi-learner training runs: non-finite values and a learner that dies."""
+"""Faults injected into real multi-learner training runs: non-finite values and a learner that dies (the
+ds config's comm.debug.die_at_step), under our own process starter and under the real deepspeed launcher."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, run_learners
+from tests.conftest import REPO, TINY, free_port, run_learners
 
 
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
-    """Train with the recipe, after patching in `fault` for learner fault["rank"]:
-    {"nan_steps": [i, ...]} makes the features of its i-th micro batches NaN (counted over the whole run);
-    {"kill_at_step": i} SIGKILLs it at its i-th micro batch. -> the metrics, or the error text."""
-    import os
-    import signal
-
+    """Train with the recipe; the features of learner fault["rank"]'s micro batches fault["nan_steps"] (counted
+    over the whole run) are NaN. -> the metrics, or the error text."""
     import recipe.train as recipe_train
 
     real_step, steps = recipe_train.train_step, [0]
@@ -26,8 +24,6 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
         steps[0] += 1
         if rank == fault["rank"] and steps[0] in fault.get("nan_steps", ()):
             batch = {**batch, "feats": torch.full_like(batch["feats"], float("nan"))}
-        if rank == fault["rank"] and steps[0] == fault.get("kill_at_step"):
-            os.kill(os.getpid(), signal.SIGKILL)
         return real_step(engine, strategy, batch)
 
     recipe_train.train_step = train_step
@@ -37,10 +33,20 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
         return f"{type(err).__name__}: {err}"
 
 
-def run(tiny_exp, tmp_path, world: int, fault: dict, *overrides: str, ds: str = "sync.json"):
+def prepare(tiny_exp, tmp_path, ds: str, die_at_step: dict | None = None):
+    """-> (a copy of the tiny experiment, a ds config from ds_configs/ with learners to kill)."""
     exp = tmp_path / "exp"
     shutil.copytree(tiny_exp, exp)
-    argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / ds), *TINY, "train.epochs=2", *overrides]
+    config = json.loads((REPO / "ds_configs" / ds).read_text())
+    config["comm"]["debug"] = {"die_at_step": die_at_step or {}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    return exp, tmp_path / "ds.json"
+
+
+def run(tiny_exp, tmp_path, world: int, fault: dict, *overrides: str, ds: str = "sync.json",
+        die_at_step: dict | None = None):
+    exp, ds_path = prepare(tiny_exp, tmp_path, ds, die_at_step)
+    argv = ["--exp", str(exp), "--ds-config", str(ds_path), *TINY, "train.epochs=2", *overrides]
     return exp, run_learners(faulty_learner, world, argv, fault, timeout=300, allow_failures=True)
 
 
@@ -65,7 +71,7 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_the_checkpoint_named(tiny_e
 
 @pytest.mark.parametrize("ds, world", [("sync.json", 3), ("adpsgd.json", 4)])
 def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd, ds, world):
-    _, out = run(tiny_exp, tmp_path, world, {"rank": 1, "kill_at_step": 6}, ds=ds)
+    _, out = run(tiny_exp, tmp_path, world, {"rank": 1}, ds=ds, die_at_step={"1": 6})
     assert out[1] is None
     # a survivor raises LearnerLost from its failed collective, or, left waiting in a collective on a survivor
     # that gave up, its heartbeat watchdog prints the same diagnosis and ends it (comm/health.py)
@@ -75,3 +81,13 @@ def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd
     for text in messages:
         assert text.startswith(f"LearnerLost: lost learner(s) [1] of {world}, found on learner "), text
         assert "in epoch 2" in text and "epoch-001.pt" in text
+
+
+def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp, tmp_path):
+    exp, ds = prepare(tiny_exp, tmp_path, "sync.json", die_at_step={"1": 6})
+    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3",
+           "--ds-config", str(ds), "--master-port", str(free_port()), *TINY, "train.epochs=2"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "LearnerLost: lost learner(s) [1] of 3" in out.stdout + out.stderr, out.stdout[-3000:]
+    assert not (exp / ".done" / "stage-3").exists()

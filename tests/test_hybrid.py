@@ -54,7 +54,7 @@ def hybrid_steps(rank: int, world: int, steps: int):
             engine.step()
         strategy.after_step(engine)
         snapshots.append(flat())
-    strategy._stop_gossip()  # as at an epoch's end: no exchange in flight, the leaders hold every merge
+    strategy._stop_gossip()  # as at an epoch's end: no exchange in flight, every learner holds every merge
     return {"before": before, "snapshots": snapshots, "final": flat(), "leader_bytes": strategy.bytes_sent}
 
 
@@ -64,6 +64,7 @@ def test_replicas_stay_identical_and_nodes_converge_preserving_the_sum():
         assert len(out[a]["snapshots"]) == 30
         for sa, sb in zip(out[a]["snapshots"], out[b]["snapshots"]):
             assert torch.equal(sa, sb)
+        assert torch.equal(out[a]["final"], out[b]["final"])  # ... and after the last rounds at the stop
     leaders = (0, 2)  # one replica per node
     gap_before = (out[0]["before"] - out[2]["before"]).abs().max()
     gap_after = (out[0]["final"] - out[2]["final"]).abs().max()
