@@ -79,6 +79,7 @@ class ADPSGDStrategy(Strategy):
         self.rounds = 0
         self.bytes_sent = 0
         self.exchange_seconds = 0.0
+        self.merges_skipped = 0  # peer weights that were not finite, never merged
 
     @property
     def data_parallel_size(self) -> int:
@@ -136,6 +137,7 @@ class ADPSGDStrategy(Strategy):
         self.bytes_sent += self._thread.bytes_sent
         self.exchange_seconds += self._thread.exchange_seconds
         self.boundary_bytes += self._thread.boundary_bytes
+        self.merges_skipped += self._thread.merges_skipped
         self._thread = None
 
     def end_epoch(self, engine) -> dict:
@@ -149,12 +151,14 @@ class ADPSGDStrategy(Strategy):
             mean /= self.layout.world_size
             # relative distance of this learner from the mean; averaged over learners below
             stats = ((flat - mean).norm() / mean.norm().clamp(min=1e-12)) ** 2
-            dist.all_reduce(stats)
+            stats = torch.stack([stats, torch.tensor(float(self.merges_skipped), dtype=stats.dtype, device=device)])
+            dist.all_reduce(stats)  # [sum of squared distances, merges skipped by all learners]
             offset = 0
             for p in self._params:
                 p.copy_(mean[offset: offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
-        return {"consensus_distance": float(stats.sqrt()) / self.layout.world_size ** 0.5,
+        return {"consensus_distance": float(stats[0].sqrt()) / self.layout.world_size ** 0.5,
+                "gossip_merges_skipped": int(stats[1]),
                 "gossip_rounds": self.rounds, "gossip_bytes_sent": self.bytes_sent,
                 "gossip_exchange_s": self.exchange_seconds, **super().end_epoch(engine)}
 

@@ -9,6 +9,7 @@ Normalization (CMVN) is applied when batches are built, so one cache serves ever
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import multiprocessing as mp
@@ -88,6 +89,25 @@ def _extract_one(job: _Job) -> tuple[np.ndarray, float]:
     return compute_features(wave, job.sample_rate, SimpleNamespace(**job.conf)), len(wave) / job.sample_rate
 
 
+def _write_cache(tmp: Path, jobs: list[_Job], name: str, workers: int, progress: bool) -> tuple[int, float]:
+    """Features of the jobs' utterances into tmp/feats.f32 and tmp/index.tsv -> (frames, audio seconds)."""
+    t0 = time.perf_counter()
+    offset, audio_seconds = 0, 0.0
+    columns = [TextColumn(f"features {name}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[fps]:>8.0f} frames/s"), TimeRemainingColumn()]
+    with open(tmp / "feats.f32", "wb") as feats, open(tmp / "index.tsv", "w") as index, \
+            mp.get_context("fork").Pool(max(1, workers)) as pool, progress_bar(*columns, enabled=progress) as bar:
+        task = bar.add_task("", total=len(jobs), fps=0.0)
+        # imap keeps utterance order, so the cache is identical whatever the number of workers
+        for job, (x, seconds) in zip(jobs, pool.imap(_extract_one, jobs, chunksize=8)):
+            feats.write(x.tobytes())
+            index.write(f"{job.utt.utt}\t{job.utt.speaker}\t{offset}\t{len(x)}\n")
+            offset += len(x)
+            audio_seconds += seconds
+            bar.update(task, advance=1, fps=offset / (time.perf_counter() - t0))
+    return offset, audio_seconds
+
+
 def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, conf: DictConfig,
                      sample_rate: int, progress: bool = True) -> Path:
     """Features of utts into the cache -> the cache folder. Reuses an existing cache with the same key."""
@@ -99,20 +119,14 @@ def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, co
     tmp.mkdir(parents=True)
     jobs = [_Job(u, sample_rate, OmegaConf.to_container(conf)) for u in utts]
     t0 = time.perf_counter()
-    offset, audio_seconds = 0, 0.0
-    columns = [TextColumn(f"features {name}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[fps]:>8.0f} frames/s"), TimeRemainingColumn()]
-    with open(tmp / "feats.f32", "wb") as feats, open(tmp / "index.tsv", "w") as index, \
-            mp.get_context("fork").Pool(max(1, conf.num_workers)) as pool, \
-            progress_bar(*columns, enabled=progress) as bar:
-        task = bar.add_task("", total=len(jobs), fps=0.0)
-        # imap keeps utterance order, so the cache is identical whatever the number of workers
-        for job, (x, seconds) in zip(jobs, pool.imap(_extract_one, jobs, chunksize=8)):
-            feats.write(x.tobytes())
-            index.write(f"{job.utt.utt}\t{job.utt.speaker}\t{offset}\t{len(x)}\n")
-            offset += len(x)
-            audio_seconds += seconds
-            bar.update(task, advance=1, fps=offset / (time.perf_counter() - t0))
+    try:
+        offset, audio_seconds = _write_cache(tmp, jobs, name, conf.num_workers, progress)
+    except BaseException as err:  # give the space back; a half-written cache is never reused anyway
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(err.errno, f"{out}: features of {name} not written ({err.strerror}); nothing was "
+                                     f"cached: free some space and rerun the features stage") from err
+        raise
     wall = time.perf_counter() - t0
     meta = {"utterances": len(utts), "frames": offset, "dim": feature_dim(conf), "audio_seconds": audio_seconds,
             "wall_seconds": wall, "real_time_factor": wall / max(audio_seconds, 1e-9),

@@ -93,3 +93,36 @@ def test_sampler_shards_by_global_rank():
     assert samplers[0].rank_batches(3) != per_rank[0]  # reshuffled every epoch
     spread = [np.ptp(lengths[b]) / lengths[b].mean() for batches in per_rank for b in batches]
     assert np.median(spread) < 0.3  # bucketed: similar lengths in a batch
+
+
+def test_a_full_disk_while_writing_features_is_a_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    import recipe.features as features
+
+    utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(4)}))
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(features, "open", lambda *a, **k: FullDisk(real_open(*a, **k)), raising=False)
+    with pytest.raises(OSError, match=r"features of train not written \(No space left on device\); nothing was "
+                                      r"cached: free some space and rerun the features stage"):
+        extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
+    assert list((tmp_path / "feats").iterdir()) == []  # no half-written cache, no temporary folder
