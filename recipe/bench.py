@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from recipe.local_learners import run_learners
+from recipe.local_learners import run_learners, train_learner
 
 WARMUP_STEPS = 5
 
@@ -126,12 +126,6 @@ def bench_sync(a) -> None:
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     for workers in (1, 2):
         print(f"feature extraction real-time factor, {workers} worker(s): {feature_rtf(a.exp, workers):.5f}")
-
-
-def train_learner(rank: int, world: int, argv: list[str]) -> dict:
-    from recipe.train import parse_args, train
-
-    return train(parse_args(argv))
 
 
 ADPSGD_ARMS = {  # name -> (base JSON, comm overrides)

@@ -50,3 +50,10 @@ def run_learners(fn, world: int, *args, timeout: float | None = 600.0, allow_fai
         if None in codes or (codes != [0] * world and not allow_failures):
             raise RuntimeError(f"learner exit codes {codes} (0 = success, None = still running)")
         return [results.get(r) for r in range(world)]
+
+
+def train_learner(rank: int, world: int, argv: list[str]) -> dict:
+    """recipe/train.py with these arguments, in a learner started by run_learners -> its metrics."""
+    from recipe.train import parse_args, train
+
+    return train(parse_args(argv))

@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipe.local_learners import free_port, run_learners  # noqa: E402,F401 - used by the tests
+from recipe.local_learners import free_port, run_learners, train_learner  # noqa: E402,F401 - used by the tests
 
 # A model and corpus small enough for seconds of CPU time, big enough that the loss measurably falls.
 TINY = ["data.synth_train=96", "data.synth_test=16", "data.synth_seed=7", "model.layers=1", "model.hidden=48",

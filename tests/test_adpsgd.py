@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from tests.conftest import REPO, TINY, free_port, run_learners
+from tests.conftest import REPO, TINY, free_port, run_learners, train_learner
 
 
 def gossip_to_consensus(rank: int, world: int, seconds: float):
@@ -90,15 +90,6 @@ def test_learners_with_very_different_step_counts_always_stop():
     assert out[0] == out[1] == out[2] == out[3]  # every run ended on the same agreed round everywhere
 
 
-def train_learner(rank: int, world: int, argv: list[str]):
-    from recipe.train import parse_args, train
-
-    metrics = train(parse_args(argv))
-    log = [json.loads(line) for line in (REPO / argv[1] / "train_log.jsonl").read_text().splitlines()] \
-        if rank == 0 else None
-    return {"metrics": metrics, "log": log}
-
-
 def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
     exp = tmp_path / "exp"
     shutil.copytree(tiny_exp, exp)
@@ -108,14 +99,14 @@ def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     out = run_learners(train_learner, 4, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"), *TINY,
                                           "train.epochs=2"])
-    log = out[0]["log"]
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
     for record in log:
         steps = record["learner_micro_steps"]
         fast = [steps[r] for r in (0, 2, 3)]
         assert steps[1] < 0.6 * min(fast), steps  # the slowed learner did less of the epoch ...
         assert sum(steps) * 4 >= 0.9 * 96  # ... the epoch was still complete ...
         assert sum(fast) >= 0.8 * sum(steps), steps  # ... because the others took up its share
-    assert out[0]["metrics"]["strategy"] == "adpsgd" and out[0]["metrics"]["gossip_rounds"] > 0
+    assert out[0]["strategy"] == "adpsgd" and out[0]["gossip_rounds"] > 0
 
 
 def test_adpsgd_end_to_end_through_the_launcher(tmp_path):

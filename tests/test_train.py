@@ -7,13 +7,7 @@ import shutil
 
 import torch
 
-from tests.conftest import REPO, TINY, run_learners
-
-
-def train_learner(rank: int, world: int, argv: list[str]):
-    from recipe.train import parse_args, train
-
-    return train(parse_args(argv))
+from tests.conftest import REPO, TINY, run_learners, train_learner
 
 
 def train_run(exp, *extra):
