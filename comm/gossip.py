@@ -133,10 +133,12 @@ class GossipThread:
 
     def _exchange(self, r: int, peer: int) -> None:
         t0 = time.perf_counter()
-        with self.step_lock, self._cond:
+        with self.step_lock:
             snapshot = flatten(self.params)
-            if self._pending is not None:  # while stopping, rounds run on before the compute thread merges:
-                snapshot += self._pending  # exchange the weights as they will be, not as they were
+        with self._cond:  # only this thread sets _pending, and a round starts with it None unless stopping:
+            pending = self._pending
+        if pending is not None:  # while stopping, rounds run on before the compute thread merges: exchange
+            snapshot += pending  # the weights as they will be, not as they were
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
         header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
