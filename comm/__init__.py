@@ -10,13 +10,14 @@ STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy, "adpsgd": ADPSGDS
                                          "hybrid": HybridStrategy}
 
 
-def build_strategy(comm_section: dict, layout: ProcessLayout) -> Strategy:
-    """{"strategy": name, **options} -> a Strategy; unknown names fail with the valid ones."""
+def build_strategy(comm_section: dict, layout: ProcessLayout, heartbeat=None) -> Strategy:
+    """{"strategy": name, **options} -> a Strategy; unknown names fail with the valid ones. heartbeat: see
+    Strategy."""
     options = dict(comm_section)
     name = options.pop("strategy", None)
     if name not in STRATEGIES:
         raise ValueError(f'unknown strategy {name!r} in the "comm" section; valid: {", ".join(sorted(STRATEGIES))}')
-    return STRATEGIES[name](layout, options)
+    return STRATEGIES[name](layout, options, heartbeat)
 
 
 __all__ = ["STRATEGIES", "LayoutError", "ProcessLayout", "Strategy", "build_strategy", "init_distributed"]

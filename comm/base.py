@@ -57,9 +57,16 @@ class Strategy:
     # True: learners draw batches independently from the whole training set and an epoch ends on a global
     # count of utterances, so fast learners do more of the work (DESIGN.md trap 9). False: equal shards.
     independent_sampling = False
+    goes_on = False  # True: the others go on without a lost learner (ADPSGD's comm.on_lost_learner)
 
-    def __init__(self, layout: ProcessLayout, options: dict):
+    def __init__(self, layout: ProcessLayout, options: dict, heartbeat=None):
+        """heartbeat: the learner's comm.health.Heartbeat, through which a strategy that goes on without a
+        lost learner finds it (None: a lost learner stops the run)."""
         self.layout = layout
+        self.heartbeat = heartbeat
+        # the learners still in the run and a group of them for the collectives (None: the whole world); only
+        # a strategy that goes on without lost learners ever narrows them
+        self.live, self.live_group = list(range(layout.world_size)), None
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise ValueError(f'"comm" options {unknown} are unknown to strategy {self.name!r}; '
@@ -75,6 +82,13 @@ class Strategy:
             raise ValueError(f"comm.debug.slowdown for rank {layout.rank} must be >= 1, got {self.slowdown}")
         self.die_at_step = int(self.conf["debug"].get("die_at_step", {}).get(str(layout.rank), 0))
         self._micro_steps = 0
+
+    def reduce_live(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """All-reduce over the learners still in the run (collective over them); -> the result, on the device
+        the collective ran on (the accelerator's for the world, CPU for gloo's group of survivors)."""
+        tensor = tensor.to(collective_device() if self.live_group is None else torch.device("cpu"))
+        dist.all_reduce(tensor, op=op, group=self.live_group)
+        return tensor
 
     def mpu(self):
         """What DeepSpeed treats as its data-parallel group; None means the whole world."""
@@ -108,8 +122,7 @@ class Strategy:
         """At the end of an epoch, on every learner (collective); -> statistics for the training log."""
         if not self.link.enabled:
             return {}
-        total = torch.tensor([self.boundary_bytes], dtype=torch.float64, device=collective_device())
-        dist.all_reduce(total)
+        total = self.reduce_live(torch.tensor([self.boundary_bytes], dtype=torch.float64))
         return {"boundary_bytes_emulated_link": total.item()}
 
     def consensus(self, engine) -> nn.Module:

@@ -16,6 +16,10 @@ runs on to exactly R rounds. Each exchange then has its partner, whoever was fas
 Every message is preceded by a header (round, sender, length) that the receiver checks against what it
 expects: a peer in another round or with another model is a GossipProtocolError, never a silent merge of the
 wrong weights.
+
+A lost peer (ADPSGD with comm.on_lost_learner = "continue"): an exchange that fails asks `confirm_lost(peer)`
+(comm/health.py); a peer confirmed lost joins `lost_peers`, and every round paired with it is skipped from
+then on: no exchange, no merge. The survivors' weights still sum to what they did.
 """
 
 from __future__ import annotations
@@ -54,10 +58,14 @@ def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
 class GossipThread:
     def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int], group,
                  step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0,
-                 link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True):
+                 link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True,
+                 lost_peers: set[int] | None = None, confirm_lost: Callable[[int], bool] | None = None):
         """peer_of_round(r) -> the global rank to exchange with in round r. period: optimizer steps between
         the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link; an
-        exchange with a peer for which crosses_boundary(peer) is true lasts at least as long as on it."""
+        exchange with a peer for which crosses_boundary(peer) is true lasts at least as long as on it.
+        lost_peers: peers known to be gone (their rounds are skipped); confirm_lost(peer), after an exchange
+        failed: True if the peer is gone for good, so the run goes on without it (None: every failure is
+        an error)."""
         self.params = params
         self.peer_of_round = peer_of_round
         self.group = group
@@ -71,6 +79,9 @@ class GossipThread:
         self.link = link or EmulatedLink({})
         self.crosses_boundary = crosses_boundary
         self.boundary_bytes = 0
+        self.lost_peers = set(lost_peers or ())
+        self.rounds_skipped = 0  # paired with a lost peer
+        self.confirm_lost = confirm_lost
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._taken = False  # handed to the compute thread, added by the time it calls step_done()
@@ -127,7 +138,11 @@ class GossipThread:
     def _run(self) -> None:
         try:
             while (r := self._next_round()) is not None:
-                self._exchange(r, self.peer_of_round(r))
+                peer = self.peer_of_round(r)
+                if peer not in self.lost_peers:
+                    self._exchange(r, peer)
+                if peer in self.lost_peers:
+                    self.rounds_skipped += 1
         except BaseException as err:  # reported by stop() on the compute thread
             self._error = err
 
@@ -141,19 +156,15 @@ class GossipThread:
             snapshot += pending  # the weights as they will be, not as they were
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
-        header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
-        peer_header = torch.empty_like(header)
-        sent_header = dist.isend(header, peer, group=self.group)
-        dist.irecv(peer_header, peer, group=self.group).wait()
-        if peer_header.tolist() != [r, peer, outgoing.numel()]:
-            got_round, got_sender, got_length = peer_header.tolist()
-            raise GossipProtocolError(
-                f"learner {dist.get_rank()}, round {r}: expected {outgoing.numel()} weights from learner {peer}, "
-                f"got a header for round {got_round} from learner {got_sender} with {got_length} weights")
-        requests = [sent_header, dist.isend(outgoing, peer, group=self.group),
-                    dist.irecv(incoming, peer, group=self.group)]
-        for req in requests:
-            req.wait()
+        try:
+            self._send_receive(r, peer, outgoing, incoming)
+        except GossipProtocolError:
+            raise
+        except RuntimeError:  # gloo fails the exchange at once when the peer's process is gone
+            if self.confirm_lost is None or not self.confirm_lost(peer):
+                raise
+            self.lost_peers.add(peer)
+            return
         nbytes = outgoing.numel() * outgoing.element_size()
         self.bytes_sent += nbytes
         if self.link.enabled and self.crosses_boundary(peer):
@@ -171,6 +182,21 @@ class GossipThread:
             with self._cond:  # while stopping, rounds run on without the compute thread: deltas add up
                 self._pending = delta if self._pending is None else self._pending.add_(delta)
         self.exchange_seconds += time.perf_counter() - t0
+
+    def _send_receive(self, r: int, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> None:
+        header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
+        peer_header = torch.empty_like(header)
+        sent_header = dist.isend(header, peer, group=self.group)
+        dist.irecv(peer_header, peer, group=self.group).wait()
+        if peer_header.tolist() != [r, peer, outgoing.numel()]:
+            got_round, got_sender, got_length = peer_header.tolist()
+            raise GossipProtocolError(
+                f"learner {dist.get_rank()}, round {r}: expected {outgoing.numel()} weights from learner {peer}, "
+                f"got a header for round {got_round} from learner {got_sender} with {got_length} weights")
+        requests = [sent_header, dist.isend(outgoing, peer, group=self.group),
+                    dist.irecv(incoming, peer, group=self.group)]
+        for req in requests:
+            req.wait()
 
     def pause(self) -> int:
         """No new round starts after this; -> rounds started so far (to agree on the last one)."""

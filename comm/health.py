@@ -11,6 +11,12 @@ allreduce waits on its neighbour, not on the dead learner), until the timeout. I
 published answer and, after a short grace, ends the process with the same message. The store is served by
 learner 0's process: when it cannot be reached, learner 0 is the one lost; while alive, learner 0 stays up
 (at most `linger_s`) until every survivor has its answer.
+
+ADPSGD can go on without a lost learner (comm.on_lost_learner = "continue"). Then nothing above is used:
+a gossip exchange that fails asks `confirm_lost(peer)` (the peer's heartbeat stood still for `stall_s`: it is
+marked dropped, for good, in the store), and at every epoch's end the learners `check_in`: a learner that has
+not checked in and whose heartbeat stands still is dropped instead. Every learner's fate is settled by one
+compare-and-set in the store, so all survivors see the same members and run their collectives over them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Callable
 import torch.distributed as dist
 
 LOST_KEY, ANSWERED_KEY = "heartbeat/lost", "heartbeat/answered"
+IN, DROPPED = b"in", b"dropped"
 
 
 class LearnerLost(RuntimeError):
@@ -63,9 +70,60 @@ class Heartbeat:
                         self.store.add(ANSWERED_KEY, 1)
                     os._exit(1)
 
+    def _beat_of(self, rank: int) -> bytes | None:
+        key = f"heartbeat/{rank}"
+        return self.store.get(key) if self.store.check([key]) else None
+
     def _beats(self) -> list[bytes | None]:
-        keys = [f"heartbeat/{r}" for r in range(self.world_size)]
-        return [self.store.get(k) if self.store.check([k]) else None for k in keys]
+        return [self._beat_of(r) for r in range(self.world_size)]
+
+    # -- going on without lost learners -----------------------------------------------------------------------
+
+    def dropped(self) -> set[int]:
+        """The learners dropped from the run so far (by any learner)."""
+        return {r for r in range(self.world_size) if self.store.check([f"dropped/{r}"])}
+
+    def _drop(self, rank: int, stall_s: float) -> None:
+        self.store.set(f"dropped/{rank}", "1")
+        print(f"LearnerLost: learner {rank} of {self.world_size} is gone (heartbeat still for {stall_s:.0f} s), "
+              f"found {self._where()}; the others go on without it", file=sys.stderr, flush=True)
+
+    def confirm_lost(self, rank: int, stall_s: float) -> bool:
+        """After an exchange with `rank` failed: True (and `rank` dropped for good) when its heartbeat stands
+        still for stall_s or another learner already dropped it; False when it is alive (a real error)."""
+        if rank in self.dropped():
+            return True
+        beat, deadline = self._beat_of(rank), time.monotonic() + stall_s
+        while time.monotonic() < deadline:
+            time.sleep(self.interval_s)
+            if self._beat_of(rank) != beat:
+                return False
+        if rank not in self.dropped():
+            self._drop(rank, stall_s)
+        return True
+
+    def check_in(self, tag: str, stall_s: float) -> list[int]:
+        """Collective over the learners still running: check in at the agreed point `tag` (an epoch's end) and
+        wait until every learner has checked in or been dropped (already dropped, or its heartbeat stood still
+        for stall_s while the others waited). -> the ranks checked in, the same list on every learner."""
+        def key(r: int) -> str:
+            return f"members/{tag}/{r}"
+
+        if self.store.compare_set(key(self.rank), "", IN) != IN:  # the others gave this learner up
+            raise LearnerLost(f"learner {self.rank} reached {tag} after the others had dropped it (its heartbeat "
+                              f"stood still for {stall_s:.0f} s); it stops")
+        seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last beat, when it last changed)
+        while waiting := [r for r in range(self.world_size) if not self.store.check([key(r)])]:
+            dropped, now = self.dropped(), time.monotonic()
+            for r in waiting:
+                beat = self._beat_of(r)
+                if r not in seen or seen[r][0] != beat:
+                    seen[r] = (beat, now)
+                if (r in dropped or now - seen[r][1] > stall_s) and \
+                        self.store.compare_set(key(r), "", DROPPED) == DROPPED and r not in dropped:
+                    self._drop(r, stall_s)
+            time.sleep(self.interval_s)
+        return [r for r in range(self.world_size) if self.store.get(key(r)) == IN]
 
     def _read_lost(self) -> list[int]:
         return json.loads(self.store.get(LOST_KEY))

@@ -25,13 +25,17 @@ from comm.layout import LayoutError
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
     independent_sampling = False  # the learners of a node step together; nodes read different shards
+    # A lost learner stops the run: its node's DeepSpeed group cannot step without it, so going on would mean
+    # dropping the whole node, which is not done yet.
+    options = {**ADPSGDStrategy.options, "on_lost_learner": "stop"}
+    ON_LOST_LEARNER = ("stop",)
 
-    def __init__(self, layout, options):
+    def __init__(self, layout, options, heartbeat=None):
         if layout.nodes < 2:
             raise LayoutError(f"hybrid needs at least 2 nodes (gossip runs between nodes); got nodes="
                               f"{layout.nodes} x local_size={layout.local_size} = world_size={layout.world_size}. "
                               "On one machine, emulate nodes with run.sh --nodes M")
-        super().__init__(layout, options, units=layout.nodes)
+        super().__init__(layout, options, heartbeat, units=layout.nodes)
         self.is_leader = layout.local_rank == 0
 
     @property

@@ -26,6 +26,10 @@ from typing import Callable
 
 if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from recipe.supervisor import is_supervised, supervise
+
+    if __name__ == "__main__" and not is_supervised():  # the learner runs in a child (recipe/supervisor.py)
+        sys.exit(supervise(sys.argv))
 
 import torch
 import torch.distributed as dist
@@ -33,7 +37,6 @@ from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from comm import ProcessLayout, build_strategy, init_distributed
-from comm.base import collective_device
 from comm.health import Heartbeat
 from model.lstm import count_parameters, ctc_loss
 from recipe.config import load_config
@@ -43,6 +46,7 @@ from recipe.evaluate import TOTAL_KEYS, evaluate, rates
 from recipe.experiment import Experiment
 from recipe.progress import progress_bar
 from recipe.schedule import learning_rate
+from recipe.supervisor import declare_goes_on
 
 log = logging.getLogger("recipe.train")
 
@@ -86,10 +90,9 @@ def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
     return cls(params, lr=lr, weight_decay=optim.weight_decay)
 
 
-def all_sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
-    dist.all_reduce(t)
-    return t.tolist()
+def live_sum(strategy, values: list[float]) -> list[float]:
+    """Sums over the learners still running: all of them, unless ADPSGD went on without a lost one."""
+    return strategy.reduce_live(torch.tensor(values, dtype=torch.float64)).tolist()
 
 
 def train(args) -> dict:
@@ -99,8 +102,10 @@ def train(args) -> dict:
     learners_here = int(os.environ.get("LOCAL_SIZE", layout.local_size))  # real processes on this machine
     torch.set_num_threads(threads_per_learner(conf.train.num_threads, learners_here))
     init_distributed(conf.train.collective_timeout_s)
-    heartbeat = Heartbeat(layout.rank, layout.world_size)  # names the lost learner when a collective fails
-    strategy = build_strategy(comm_conf, layout)
+    heartbeat = Heartbeat(layout.rank, layout.world_size)  # finds lost learners (comm/health.py)
+    strategy = build_strategy(comm_conf, layout, heartbeat)
+    if strategy.goes_on:  # without a lost learner: the launcher must not stop the others when it dies
+        declare_goes_on()
     exp = Experiment(args.exp, conf)
     is_main = layout.rank == 0
     if is_main:
@@ -115,8 +120,7 @@ def train(args) -> dict:
     global_batch = micro * accum * layout.world_size  # utterances per optimizer step, all learners together
     node_batch = micro * accum * layout.local_size
     sampler = BucketBatchSampler(train_set.lengths, micro, layout.rank, layout.world_size, conf.train.seed)
-    test_batches = BucketBatchSampler(test_set.lengths, micro, shuffle=False).epoch_batches(0)[
-                   layout.rank:: layout.world_size]
+    test_batches = BucketBatchSampler(test_set.lengths, micro, shuffle=False).epoch_batches(0)
     steps_per_epoch = len(sampler) // accum  # optimizer steps
     if steps_per_epoch == 0:
         raise ValueError(f"{len(sampler)} micro batches per learner cannot make one step of {accum} accumulations")
@@ -178,6 +182,7 @@ def train(args) -> dict:
             engine.train()
             t0, frames, loss_sum, finite_losses, skipped.count = time.perf_counter(), 0, 0.0, 0, 0
             bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
+            micro_step = -1  # a slow ADPSGD learner may get no batch at all
             for micro_step, (batch, progress) in enumerate(epoch_batches(epoch)):
                 lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
                 for group in engine.optimizer.param_groups:
@@ -198,17 +203,17 @@ def train(args) -> dict:
                              loss_sum / max(finite_losses, 1), lr, frames / elapsed)
             strategy_stats = strategy.end_epoch(engine)  # ADPSGD/HYBRID: the consensus is part of the epoch's time
             epoch_wall = time.perf_counter() - t0
-            n_micro = micro_step + 1
-            epoch_frames, train_loss, skipped_steps = all_sum([frames, loss_sum / max(finite_losses, 1),
-                                                                 skipped.count])
-            one_hot = [n_micro if r == layout.rank else 0 for r in range(layout.world_size)]
-            micro_steps = [int(n) for n in all_sum(one_hot)]  # every learner's step count this epoch
+            epoch_frames, train_loss, skipped_steps = live_sum(strategy, [frames, loss_sum / max(finite_losses, 1),
+                                                                          skipped.count])
+            one_hot = [micro_step + 1 if r == layout.rank else 0 for r in range(layout.world_size)]
+            micro_steps = [int(n) for n in live_sum(strategy, one_hot)]  # every learner's step count this epoch
             train_wall += epoch_wall
             train_frames += int(epoch_frames)
 
-            totals, _ = evaluate(strategy.consensus(engine), test_set, test_batches, exp.tokens)
-            totals = dict(zip(TOTAL_KEYS, all_sum([totals[k] for k in TOTAL_KEYS])))
-            record = {"epoch": epoch, "train_loss": train_loss / layout.world_size, "lr": lr,
+            shard = test_batches[strategy.live.index(layout.rank):: len(strategy.live)]
+            totals, _ = evaluate(strategy.consensus(engine), test_set, shard, exp.tokens)
+            totals = dict(zip(TOTAL_KEYS, live_sum(strategy, [totals[k] for k in TOTAL_KEYS])))
+            record = {"epoch": epoch, "train_loss": train_loss / len(strategy.live), "lr": lr,
                       "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
                       "learner_micro_steps": micro_steps, "skipped_steps": int(skipped_steps), **rates(totals),
                       **strategy_stats}
@@ -222,8 +227,11 @@ def train(args) -> dict:
                 log.info("epoch %d done: train loss %.3f  held-out loss %.3f  CER %.2f%%  WER %.2f%%  %.0f frames/s  "
                          "%.0f s", epoch, record["train_loss"], record["heldout_loss"], 100 * record["cer"],
                          100 * record["wer"], record["train_frames_per_s"], epoch_wall)
+                if record.get("lost_learners"):
+                    log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
+                                len(strategy.live), layout.world_size)
             history.append(record)
-            dist.barrier()  # nobody starts the next epoch (or exits) while the checkpoint is being written
+            dist.barrier(group=strategy.live_group)  # nobody goes on (or exits) while the checkpoint is written
 
     bar.stop()
     strategy.close()
@@ -236,7 +244,7 @@ def train(args) -> dict:
                "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
                "train_utterances": len(train_set), "test_utterances": len(test_set),
                "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
-               **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_"))},
+               **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
                "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
     if is_main:

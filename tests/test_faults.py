@@ -4,7 +4,9 @@ ds config's comm.debug.die_at_step), under our own process starter and under the
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -15,7 +17,8 @@ from tests.conftest import REPO, TINY, free_port, run_learners
 
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     """Train with the recipe; the features of learner fault["rank"]'s micro batches fault["nan_steps"] (counted
-    over the whole run) are NaN. -> the metrics, or the error text."""
+    over the whole run) are NaN; at its micro batch fault["hang_at_step"] it freezes (SIGSTOP, as a learner
+    on a stalled machine) until it is killed 15 s later. -> the metrics, or the error text."""
     import recipe.train as recipe_train
 
     real_step, steps = recipe_train.train_step, [0]
@@ -24,6 +27,9 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
         steps[0] += 1
         if rank == fault["rank"] and steps[0] in fault.get("nan_steps", ()):
             batch = {**batch, "feats": torch.full_like(batch["feats"], float("nan"))}
+        if rank == fault["rank"] and steps[0] == fault.get("hang_at_step"):
+            subprocess.Popen(["sh", "-c", f"sleep 15; kill -KILL {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
         return real_step(engine, strategy, batch)
 
     recipe_train.train_step = train_step
@@ -33,19 +39,20 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
         return f"{type(err).__name__}: {err}"
 
 
-def prepare(tiny_exp, tmp_path, ds: str, die_at_step: dict | None = None):
-    """-> (a copy of the tiny experiment, a ds config from ds_configs/ with learners to kill)."""
+def prepare(tiny_exp, tmp_path, ds: str, die_at_step: dict | None = None, **comm):
+    """-> (a copy of the tiny experiment, a ds config from ds_configs/ with learners to kill and these comm
+    options)."""
     exp = tmp_path / "exp"
     shutil.copytree(tiny_exp, exp)
     config = json.loads((REPO / "ds_configs" / ds).read_text())
-    config["comm"]["debug"] = {"die_at_step": die_at_step or {}}
+    config["comm"].update(debug={"die_at_step": die_at_step or {}}, **comm)
     (tmp_path / "ds.json").write_text(json.dumps(config))
     return exp, tmp_path / "ds.json"
 
 
 def run(tiny_exp, tmp_path, world: int, fault: dict, *overrides: str, ds: str = "sync.json",
-        die_at_step: dict | None = None):
-    exp, ds_path = prepare(tiny_exp, tmp_path, ds, die_at_step)
+        die_at_step: dict | None = None, **comm):
+    exp, ds_path = prepare(tiny_exp, tmp_path, ds, die_at_step, **comm)
     argv = ["--exp", str(exp), "--ds-config", str(ds_path), *TINY, "train.epochs=2", *overrides]
     return exp, run_learners(faulty_learner, world, argv, fault, timeout=300, allow_failures=True)
 
@@ -69,9 +76,9 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_the_checkpoint_named(tiny_e
     assert torch.load(exp / "checkpoints" / "epoch-001.pt", weights_only=True)["epoch"] == 1
 
 
-@pytest.mark.parametrize("ds, world", [("sync.json", 3), ("adpsgd.json", 4)])
-def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd, ds, world):
-    _, out = run(tiny_exp, tmp_path, world, {"rank": 1}, ds=ds, die_at_step={"1": 6})
+@pytest.mark.parametrize("ds, world, comm", [("sync.json", 3, {}), ("adpsgd.json", 4, {"on_lost_learner": "stop"})])
+def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd, ds, world, comm):
+    _, out = run(tiny_exp, tmp_path, world, {"rank": 1}, ds=ds, die_at_step={"1": 6}, **comm)
     assert out[1] is None
     # a survivor raises LearnerLost from its failed collective, or, left waiting in a collective on a survivor
     # that gave up, its heartbeat watchdog prints the same diagnosis and ends it (comm/health.py)
@@ -83,6 +90,28 @@ def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd
         assert "in epoch 2" in text and "epoch-001.pt" in text
 
 
+def test_a_frozen_learner_is_named_once_the_collective_timeout_expires(tiny_exp, tmp_path):
+    # its process is alive and its connections open, so nothing fails until train.collective_timeout_s
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3}, "train.collective_timeout_s=8")
+    assert out[1] is None
+    assert out[0].startswith("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1"), out[0]
+    assert "last checkpoint: none yet" in out[0]
+
+
+def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):
+    # 4 learners, learner 2 dies after its first batch (96 utterances / 8 = 12 batches an epoch, drawn by all)
+    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 1}, "train.epochs=3", ds="adpsgd.json", die_at_step={"2": 1})
+    assert out[2] is None and all(isinstance(m, dict) for m in out[:2] + out[3:]), out
+    assert out[0]["lost_learners"] == [2] and out[0]["cer"] == out[3]["cer"]
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    assert [r["lost_learners"] for r in log] == [[2]] * 3
+    assert [r["learner_micro_steps"][2] for r in log] == [0] * 3  # its batch was counted by nobody
+    assert sum(log[0]["learner_micro_steps"]) == 11  # the survivors took the epoch's other batches
+    assert log[0]["gossip_rounds_skipped"] > 0 and log[2]["heldout_loss"] < log[0]["heldout_loss"]
+    assert torch.load(exp / "checkpoints" / "epoch-003.pt", weights_only=True)["epoch"] == 3
+    assert "LearnerLost: learner 2 of 4 is gone" in capfd.readouterr().err
+
+
 def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp, tmp_path):
     exp, ds = prepare(tiny_exp, tmp_path, "sync.json", die_at_step={"1": 6})
     cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3",
@@ -91,3 +120,16 @@ def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp,
     assert out.returncode != 0
     assert "LearnerLost: lost learner(s) [1] of 3" in out.stdout + out.stderr, out.stdout[-3000:]
     assert not (exp / ".done" / "stage-3").exists()
+
+
+def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_path):
+    # the launcher stops everyone when a learner exits non-zero; recipe/supervisor.py keeps that from happening
+    exp, ds = prepare(tiny_exp, tmp_path, "adpsgd.json", die_at_step={"2": 1})
+    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "4",
+           "--ds-config", str(ds), "--master-port", str(free_port()), *TINY, "train.epochs=2"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "learner 2 (pid " in text and "was killed by SIGKILL; the others go on" in text, text[-3000:]
+    assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
+    assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()

@@ -1,0 +1,55 @@
+"""A learner's supervisor, so that the deepspeed launcher lets ADPSGD go on without a lost learner.
+
+The launcher stops every learner as soon as one exits non-zero (deepspeed/launcher/launch.py), which would
+undo comm.on_lost_learner = "continue". So recipe/train.py, started by the launcher, runs the learner as a
+child of this small process (it imports no torch) and waits for it. When the learner is killed by a signal
+the supervisor did not send (SIGKILL, the OOM killer, a segfault) after the learner declared that its run goes
+on without lost learners (declare_goes_on), the supervisor says so and exits 0: the launcher leaves the
+others alone, and they drop the lost learner (comm/health.py). Every other ending passes through unchanged,
+and SIGTERM/SIGINT from the launcher are passed on to the learner.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD_ENV = "RECIPE_SUPERVISED_NOTE"  # set in the learner: where it declares that the run goes on without it
+
+
+def supervise(argv: list[str]) -> int:
+    """Run `python argv...` as the supervised learner; -> the exit status for the launcher."""
+    forwarded: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="learner-") as tmp:
+        note = Path(tmp) / "goes-on"
+        child = subprocess.Popen([sys.executable, *argv], env={**os.environ, CHILD_ENV: str(note)})
+
+        def forward(signum, _frame):
+            forwarded.append(signum)
+            child.send_signal(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, forward)
+        code = child.wait()
+        if code >= 0:
+            return code
+        killed_by = signal.Signals(-code).name
+        if not forwarded and note.exists():
+            print(f"learner {os.environ.get('RANK', '?')} (pid {child.pid}) was killed by {killed_by}; the others go "
+                  f"on without it (comm.on_lost_learner=continue)", file=sys.stderr, flush=True)
+            return 0
+        return 128 - code  # as a shell reports a learner killed by a signal
+
+
+def is_supervised() -> bool:
+    return CHILD_ENV in os.environ
+
+
+def declare_goes_on() -> None:
+    """Called by the learner once its strategy is known to go on without lost learners."""
+    if is_supervised():
+        Path(os.environ[CHILD_ENV]).touch()
