@@ -76,7 +76,7 @@ class _Follower:
 
     def __init__(self, rounds: int):
         self.rounds_started = rounds
-        self.bytes_sent = self.boundary_bytes = self.merges_skipped = 0
+        self.bytes_sent = self.boundary_bytes = self.merges_skipped = self.rounds_skipped = 0
         self.exchange_seconds = 0.0
 
     def step_done(self) -> None:
