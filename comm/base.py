@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import os
 import signal
+import socket
 import time
 
 import torch
@@ -22,7 +24,11 @@ from comm.link import EmulatedLink
 
 def init_distributed(timeout_s: float | None = None) -> None:
     """deepspeed.init_distributed on the accelerator's backend (NCCL on GPUs, gloo on CPU); a collective that
-    waits longer than timeout_s (default: DeepSpeed's 30 minutes) for a learner fails.
+    waits longer than timeout_s (default: DeepSpeed's, 10 minutes or $DEEPSPEED_TIMEOUT) for a learner fails.
+
+    When the rendezvous address is a loopback one (no hostfile: every learner on this machine), nothing from
+    another machine can reach the learners: the store listens on the loopback address only (torch's TCPStore
+    would listen on every interface) and gloo talks over the loopback interface.
 
     On CPU, DeepSpeed would first JIT-compile its shared-memory allreduce op and map a 69 MB /dev/shm buffer per
     learner that it never unlinks: every run leaves them behind in RAM (a few dozen test runs filled 22 GB), the
@@ -32,12 +38,39 @@ def init_distributed(timeout_s: float | None = None) -> None:
     import deepspeed
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
+    from deepspeed.constants import default_pg_timeout
 
     accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), **kwargs)
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else default_pg_timeout
+    backend = accelerator.communication_backend_name()
+    if _is_loopback(os.environ.get("MASTER_ADDR", "")) and not dist.is_initialized():
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = _loopback_store(int(os.environ["MASTER_PORT"]), world, rank == 0, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)  # takes the process group made above
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _loopback_interface() -> str:
+    names = [name for _, name in socket.if_nameindex()]
+    return "lo" if "lo" in names else names[0]
+
+
+def _loopback_store(port: int, world: int, is_master: bool, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store, served by learner 0 on 127.0.0.1 only."""
+    if not is_master:
+        return dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    listener = socket.create_server(("127.0.0.1", port))
+    return dist.TCPStore("127.0.0.1", port, world, True, timeout, master_listen_fd=listener.detach())
 
 
 def collective_device() -> torch.device:

@@ -38,7 +38,14 @@ def sync_steps(rank: int, world: int, steps: int):
         engine.step()
         losses.append(loss.item())
     final = torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
-    return {"initial": initial, "start": start, "final": final, "losses": losses}
+    return {"initial": initial, "start": start, "final": final, "losses": losses, "listening": listening()}
+
+
+def listening() -> set[str]:
+    """The addresses this process accepts TCP connections on."""
+    import psutil  # a DeepSpeed dependency
+
+    return {c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def deepspeed_shm_buffers() -> set[str]:
@@ -54,6 +61,8 @@ def test_two_learners_stay_bit_identical_under_sync():
     assert not torch.equal(a["start"], a["final"])  # training moved the weights
     assert torch.equal(a["final"], b["final"])  # bit-identical after several steps on different data
     assert a["losses"] != b["losses"]  # the data really differed
+    # every learner on this machine: the store (learner 0) and gloo listen on loopback only (comm/base.py)
+    assert a["listening"] == b["listening"] == {"127.0.0.1"}
 
 
 def fail_or_wait(rank: int, world: int):
