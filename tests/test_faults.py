@@ -76,7 +76,8 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_the_checkpoint_named(tiny_e
     assert torch.load(exp / "checkpoints" / "epoch-001.pt", weights_only=True)["epoch"] == 1
 
 
-@pytest.mark.parametrize("ds, world, comm", [("sync.json", 3, {}), ("adpsgd.json", 4, {"on_lost_learner": "stop"})])
+@pytest.mark.parametrize("ds, world, comm", [("sync.json", 3, {}), ("adpsgd.json", 4, {"on_lost_learner": "stop"})],
+                         ids=["sync-3", "adpsgd-stop-4"])
 def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd, ds, world, comm):
     _, out = run(tiny_exp, tmp_path, world, {"rank": 1}, ds=ds, die_at_step={"1": 6}, **comm)
     assert out[1] is None
