@@ -20,7 +20,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from comm.base import Strategy
+from comm.base import LiveGroup, Strategy
 from comm.gossip import EXCHANGE_DTYPES, GossipThread, flatten
 from comm.topology import PairingSchedule
 
@@ -138,10 +138,10 @@ class ADPSGDStrategy(Strategy):
         self._epochs_ended += 1
         if not self.goes_on:
             return
-        live = self.heartbeat.check_in(f"epoch-end-{self._epochs_ended}", self.conf["lost_after_s"])
-        if live != self.live:
-            # local synchronization: only the members take part, so the lost learners are not waited for
-            self.live, self.live_group = live, dist.new_group(live, backend="gloo", use_local_synchronization=True)
+        tag = f"epoch-end-{self._epochs_ended}"
+        live = self.heartbeat.check_in(tag, self.conf["lost_after_s"])
+        if live != self.live:  # a group of the survivors alone: the lost learners are not waited for
+            self.live, self.live_group = live, LiveGroup(live, self.layout.rank, tag)
 
     def step_lock_context(self):
         return self.step_lock

@@ -43,7 +43,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     accelerator = get_accelerator()
     if accelerator.device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else default_pg_timeout
+    global _collective_timeout
+    timeout = _collective_timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None \
+        else default_pg_timeout
     backend = accelerator.communication_backend_name()
     if _is_loopback(os.environ.get("MASTER_ADDR", "")) and not dist.is_initialized():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
@@ -51,6 +53,29 @@ def init_distributed(timeout_s: float | None = None) -> None:
         store = _loopback_store(int(os.environ["MASTER_PORT"]), world, rank == 0, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)  # takes the process group made above
+
+
+_collective_timeout = datetime.timedelta(minutes=10)
+
+
+class LiveGroup:
+    """A gloo group of some learners, built by them alone (the others may be gone) from the rendezvous store
+    under a prefix of its own. Not torch's new_group(..., use_local_synchronization=True): that names a group
+    after how many groups this process already has, which differs between learners of different groups (a
+    HYBRID leader is in the gossip group, its follower is not), so their rendezvous never met."""
+
+    def __init__(self, ranks: list[int], rank: int, tag: str):
+        self.ranks = ranks
+        store = dist.PrefixStore(f"live/{tag}/", dist.distributed_c10d._get_default_store())
+        self.group = dist.ProcessGroupGloo(store, ranks.index(rank), len(ranks), _collective_timeout)
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        self.group.allreduce([tensor], options).wait()
+
+    def barrier(self) -> None:
+        self.group.barrier().wait()
 
 
 def _is_loopback(address: str) -> bool:
@@ -99,7 +124,7 @@ class Strategy:
         self.heartbeat = heartbeat
         # the learners still in the run and a group of them for the collectives (None: the whole world); only
         # a strategy that goes on without lost learners ever narrows them
-        self.live, self.live_group = list(range(layout.world_size)), None
+        self.live, self.live_group = list(range(layout.world_size)), None  # live_group: LiveGroup | None
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise ValueError(f'"comm" options {unknown} are unknown to strategy {self.name!r}; '
@@ -119,9 +144,25 @@ class Strategy:
     def reduce_live(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """All-reduce over the learners still in the run (collective over them); -> the result, on the device
         the collective ran on (the accelerator's for the world, CPU for gloo's group of survivors)."""
-        tensor = tensor.to(collective_device() if self.live_group is None else torch.device("cpu"))
-        dist.all_reduce(tensor, op=op, group=self.live_group)
+        if self.live_group is None:
+            tensor = tensor.to(collective_device())
+            dist.all_reduce(tensor, op=op)
+        else:
+            tensor = tensor.cpu()
+            self.live_group.all_reduce(tensor, op)
         return tensor
+
+    def barrier_live(self) -> None:
+        """A barrier of the learners still in the run."""
+        if self.live_group is None:
+            dist.barrier()
+        else:
+            self.live_group.barrier()
+
+    def lost_node_mates(self) -> list[int]:
+        """After a collective failed mid-epoch: the lost learners without which this one cannot go on while the
+        others can (HYBRID's node mates); [] makes the failure fatal, as it is for SYNC."""
+        return []
 
     def mpu(self):
         """What DeepSpeed treats as its data-parallel group; None means the whole world."""

@@ -40,6 +40,11 @@ class LearnerLost(RuntimeError):
     pass
 
 
+class LeftBehind(RuntimeError):
+    """This learner cannot go on without a lost one, but the others can (a HYBRID node that lost a learner):
+    it leaves the run, which is not an error."""
+
+
 class Heartbeat:
     def __init__(self, rank: int, world_size: int, interval_s: float = 0.25, grace_s: float = 5.0,
                  linger_s: float = 30.0):
@@ -84,22 +89,28 @@ class Heartbeat:
         return {r for r in range(self.world_size) if self.store.check([f"dropped/{r}"])}
 
     def _drop(self, rank: int, stall_s: float) -> None:
-        self.store.set(f"dropped/{rank}", "1")
+        mark = f"by {self.rank}".encode()
+        if self.store.compare_set(f"dropped/{rank}", "", mark) != mark:
+            return  # another learner dropped it first, and said so
         print(f"LearnerLost: learner {rank} of {self.world_size} is gone (heartbeat still for {stall_s:.0f} s), "
               f"found {self._where()}; the others go on without it", file=sys.stderr, flush=True)
 
-    def confirm_lost(self, rank: int, stall_s: float) -> bool:
-        """After an exchange with `rank` failed: True (and `rank` dropped for good) when its heartbeat stands
-        still for stall_s or another learner already dropped it; False when it is alive (a real error)."""
-        if rank in self.dropped():
-            return True
-        beat, deadline = self._beat_of(rank), time.monotonic() + stall_s
-        while time.monotonic() < deadline:
+    def confirm_lost(self, rank: int, stall_s: float, patience: float = 4.0) -> bool:
+        """After an exchange with `rank` failed: True (and `rank` dropped for good) once its heartbeat stands
+        still for stall_s, or another learner already dropped it; False when it keeps beating for patience x
+        stall_s (it is alive: a real error). The patience lets a learner that is on its way out (a HYBRID node
+        leaving) finish leaving."""
+        start = last_change = time.monotonic()
+        beat = self._beat_of(rank)
+        while rank not in self.dropped():
             time.sleep(self.interval_s)
-            if self._beat_of(rank) != beat:
+            now, new_beat = time.monotonic(), self._beat_of(rank)
+            if new_beat != beat:
+                beat, last_change = new_beat, now
+            if now - last_change > stall_s:
+                self._drop(rank, stall_s)
+            elif now - start > patience * stall_s:
                 return False
-        if rank not in self.dropped():
-            self._drop(rank, stall_s)
         return True
 
     def check_in(self, tag: str, stall_s: float) -> list[int]:
@@ -120,7 +131,7 @@ class Heartbeat:
                 if r not in seen or seen[r][0] != beat:
                     seen[r] = (beat, now)
                 if (r in dropped or now - seen[r][1] > stall_s) and \
-                        self.store.compare_set(key(r), "", DROPPED) == DROPPED and r not in dropped:
+                        self.store.compare_set(key(r), "", DROPPED) == DROPPED:
                     self._drop(r, stall_s)
             time.sleep(self.interval_s)
         return [r for r in range(self.world_size) if self.store.get(key(r)) == IN]
@@ -161,13 +172,18 @@ class Heartbeat:
                 signal.signal(signal.SIGTERM, previous)
 
     @contextlib.contextmanager
-    def watch(self, where: Callable[[], str]):
+    def watch(self, where: Callable[[], str], cannot_go_on_without: Callable[[], list[int]] = list):
         """Turn a failed collective inside the block into a LearnerLost that names the learners that are gone
-        and says where the run stood (where() -> text); other errors pass through unchanged."""
+        and says where the run stood (where() -> text); other errors pass through unchanged.
+        cannot_go_on_without() -> the lost learners without which this one cannot go on while the others can
+        (HYBRID: its node mates); when there are some, LeftBehind instead, and the others are left alone."""
         self._where = where
         try:
             yield
         except RuntimeError as err:
+            if gone := cannot_go_on_without():
+                raise LeftBehind(f"learner(s) {gone} gone, found {where()}; learner {self.rank} cannot step without "
+                                 "them and leaves the run; the others go on") from err
             lost = self.lost_learners()
             if not lost:
                 raise

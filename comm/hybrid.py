@@ -9,6 +9,11 @@ received (a one-element flag, then the delta when there is one) over the node gr
 the node adds the same delta. The replicas stay bit-identical.
 
 With an emulated inter-node link (comm/link.py) every leader exchange lasts as long as on that link.
+
+A lost learner (comm.on_lost_learner = "continue"): its node cannot step without it (DeepSpeed's group is
+broken), so its node mates find it gone when their next node collective fails and leave the run
+(LeftBehind, comm/health.py); to the other nodes the whole node is then lost, and ADPSGD's machinery drops it.
+The node of learner 0, which serves the rendezvous store, cannot be lost.
 """
 
 from __future__ import annotations
@@ -25,10 +30,6 @@ from comm.layout import LayoutError
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
     independent_sampling = False  # the learners of a node step together; nodes read different shards
-    # A lost learner stops the run: its node's DeepSpeed group cannot step without it, so going on would mean
-    # dropping the whole node, which is not done yet.
-    options = {**ADPSGDStrategy.options, "on_lost_learner": "stop"}
-    ON_LOST_LEARNER = ("stop",)
 
     def __init__(self, layout, options, heartbeat=None):
         if layout.nodes < 2:
@@ -47,6 +48,14 @@ class HybridStrategy(ADPSGDStrategy):
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.node_rank, round_) * self.layout.local_size
+
+    def lost_node_mates(self) -> list[int]:
+        """After a node collective failed: the learners of this node that are gone ([]: a real error)."""
+        if not self.goes_on:
+            return []
+        first = self.layout.node_rank * self.layout.local_size
+        mates = [r for r in range(first, first + self.layout.local_size) if r != self.layout.rank]
+        return [r for r in mates if self._confirm_lost(r)]
 
     def _start_gossip(self) -> None:
         if self.is_leader:

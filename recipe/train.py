@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from comm import ProcessLayout, build_strategy, init_distributed
-from comm.health import Heartbeat
+from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters, ctc_loss
 from recipe.config import load_config
 from recipe.dataset import BucketBatchSampler
@@ -129,9 +129,11 @@ def train(args) -> dict:
 
     def epoch_batches(epoch: int):
         """-> (micro batch, fraction of the epoch done by all learners together once it is trained)."""
-        if not strategy.independent_sampling:
-            for i, batch in enumerate(sampler.rank_batches(epoch)[: steps_per_epoch * accum]):
-                yield batch, (i // accum + 1) / steps_per_epoch
+        if not strategy.independent_sampling:  # dealt over the learners still running, equal counts
+            batches, live = sampler.epoch_batches(epoch), strategy.live
+            steps = len(batches) // len(live) // accum
+            for i, batch in enumerate(batches[live.index(layout.rank):: len(live)][: steps * accum]):
+                yield batch, (i // accum + 1) / steps
             return
         # Every learner walks its own shuffle of ALL batches; the epoch ends once the learners together have
         # taken as many utterances as the training set has. The default store's add() is an atomic global
@@ -176,7 +178,7 @@ def train(args) -> dict:
         return (f"on learner {layout.rank} in epoch {epoch} (last checkpoint: "
                 f"{exp.checkpoints()[-1] if exp.checkpoints() else 'none yet'})")
 
-    with heartbeat.watch(where):
+    with heartbeat.watch(where, strategy.lost_node_mates):
         for epoch in range(first_epoch, conf.train.epochs + 1):
             torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
             engine.train()
@@ -231,7 +233,7 @@ def train(args) -> dict:
                     log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
                                 len(strategy.live), layout.world_size)
             history.append(record)
-            dist.barrier(group=strategy.live_group)  # nobody goes on (or exits) while the checkpoint is written
+            strategy.barrier_live()  # nobody goes on (or exits) while the checkpoint is written
 
     bar.stop()
     strategy.close()
@@ -319,7 +321,11 @@ def main(argv=None) -> int:
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     # our log lines from rank 0 only (every rank reads the same data); other libraries stay at warnings
     logging.getLogger("recipe").setLevel(logging.INFO if rank == 0 else logging.ERROR)
-    train(args)
+    try:
+        train(args)
+    except LeftBehind as err:  # a HYBRID node that lost a learner: the other nodes go on
+        print(f"LeftBehind: {err}", file=sys.stderr, flush=True)
+        os._exit(0)  # its gossip thread may be waiting on a peer: no clean interpreter shutdown to wait for
     return 0
 
 

@@ -113,6 +113,20 @@ def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):
     assert "LearnerLost: learner 2 of 4 is gone" in capfd.readouterr().err
 
 
+def test_hybrid_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path, capfd):
+    # 2 nodes of 2 learners; learner 3 dies at its 2nd batch: its node mate 2 cannot step without it and leaves,
+    # node 0 goes on alone and from epoch 2 takes all the batches (12 an epoch, 6 per learner)
+    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 1}, "--nodes", "2", "train.epochs=3", ds="hybrid.json",
+                   die_at_step={"3": 2})
+    assert out[3] is None and out[2].startswith("LeftBehind: learner(s) [3] gone, found on learner 2 in epoch 1"), out
+    assert out[0]["lost_learners"] == [2, 3] and out[0]["cer"] == out[1]["cer"]
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    assert [r["lost_learners"] for r in log] == [[2, 3]] * 3
+    assert [r["learner_micro_steps"] for r in log[1:]] == [[6, 6, 0, 0]] * 2
+    assert log[2]["heldout_loss"] < log[0]["heldout_loss"]
+    assert torch.load(exp / "checkpoints" / "epoch-003.pt", weights_only=True)["epoch"] == 3
+
+
 def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp, tmp_path):
     exp, ds = prepare(tiny_exp, tmp_path, "sync.json", die_at_step={"1": 6})
     cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3",
