@@ -72,6 +72,10 @@ def main(argv=None) -> int:
             ("training frames/s (all learners)", f"{m['train_frames_per_s']:.0f}"),
             ("held-out loss", f"{m['heldout_loss']:.3f}"), ("held-out CER", f"{100 * m['cer']:.2f}%"),
             ("held-out WER", f"{100 * m['wer']:.2f}%")]
+    if m.get("lost_learners"):  # ADPSGD/HYBRID went on without them (RELIABILITY.md)
+        first = next(h["epoch"] for h in history if h.get("lost_learners"))
+        rows.insert(2, ("[red]lost learners[/red]", f"{m['lost_learners']} in epoch {first}; "
+                                                     f"{m['learners'] - len(m['lost_learners'])} went on"))
     scores = exp / "decode" / "scores.json"
     if scores.is_file():
         s = json.loads(scores.read_text())

@@ -140,7 +140,7 @@ def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp,
 def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_path):
     # the launcher stops everyone when a learner exits non-zero; recipe/supervisor.py keeps that from happening
     exp, ds = prepare(tiny_exp, tmp_path, "adpsgd.json", die_at_step={"2": 1})
-    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "4",
+    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "5", "--exp", str(exp), "--learners", "4",
            "--ds-config", str(ds), "--master-port", str(free_port()), *TINY, "train.epochs=2"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -148,3 +148,4 @@ def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_
     assert "learner 2 (pid " in text and "was killed by SIGKILL; the others go on" in text, text[-3000:]
     assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
     assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()
+    assert "lost learners" in text and "[2] in epoch 1; 3 went on" in text  # stage 5's report says so
