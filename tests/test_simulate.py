@@ -1,0 +1,102 @@
+"""The scaling model's cost formulas (recipe/simulate.py) on small cases worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipe.simulate import Cluster, Link, Workload, estimate, exchange_s, paper_table, projection, ring_allreduce_s
+
+GBYTE_PER_S = Link(bandwidth_gbps=8, latency_us=0)  # 1e9 bytes/s, no latency
+
+
+def test_link_time_is_latency_per_message_plus_bytes_over_bandwidth():
+    assert Link(8, 0).seconds(1e9) == pytest.approx(1.0)
+    assert Link(8, 500).seconds(1e9, messages=4) == pytest.approx(1.0 + 4 * 0.0005)
+
+
+def test_ring_allreduce_moves_2_n_minus_1_slices_of_m_over_n():
+    # 4 learners, 4 GB: 6 phases of 1 GB at 1 GB/s
+    assert ring_allreduce_s(4e9, 4, GBYTE_PER_S) == pytest.approx(6.0)
+    assert ring_allreduce_s(4e9, 4, Link(8, 1000)) == pytest.approx(6.0 + 6 * 0.001)  # 6 messages in a row
+    assert ring_allreduce_s(4e9, 1, GBYTE_PER_S) == 0.0
+
+
+def test_an_exchange_crosses_the_link_once_each_way_at_once_plus_staging_twice():
+    assert exchange_s(1e8, GBYTE_PER_S, None) == pytest.approx(0.1)
+    assert exchange_s(1e8, GBYTE_PER_S, Link(16, 0)) == pytest.approx(0.1 + 2 * 0.05)
+
+
+def two_learners(**kw) -> Cluster:  # 1000 frames/s each; learner 1 twice as slow
+    return Cluster(**{"learners": 2, "per_node": 1, "frames_per_s": 1000, "intra": GBYTE_PER_S,
+                      "inter": GBYTE_PER_S, "slow": {1: 2.0}, **kw})
+
+
+# 100 frames per step (t_c = 0.1 s), 1e8 bytes of model (0.1 s per exchange), 2000 frames per epoch
+WORK = Workload(params=25_000_000, frames_per_step=100, frames_per_epoch=2000)
+
+
+def test_sync_waits_for_the_straggler_then_allreduces():
+    e = estimate("sync", two_learners(), WORK)
+    # step = max(0.1, 0.2) + 2 x 1 x (0.5e8 / 1e9) = 0.3 s; 200 frames per step
+    assert e.step_s == pytest.approx(0.3)
+    assert e.frames_per_s == pytest.approx(200 / 0.3)
+    assert e.epoch_s == pytest.approx(2000 / (200 / 0.3))
+
+
+def test_adpsgd_learners_step_at_their_own_pace_and_pay_one_consensus_per_epoch():
+    e = estimate("adpsgd", two_learners(merge_s=0.01), WORK)
+    # 100 / 0.11 + 100 / 0.21 frames/s; the epoch adds one allreduce of the model (0.1 s)
+    rate = 100 / 0.11 + 100 / 0.21
+    assert e.frames_per_s == pytest.approx(rate)
+    assert e.epoch_s == pytest.approx(2000 / rate + 0.1)
+    assert e.rounds_per_step == 1.0  # a 0.1 s exchange fits in a 0.16 s mean step
+
+
+def test_a_slow_link_means_fewer_gossip_rounds_not_slower_adpsgd_steps():
+    slow_link = Link(bandwidth_gbps=0.8, latency_us=0)  # 1 s per exchange
+    fast = estimate("adpsgd", two_learners(), WORK)
+    slow = estimate("adpsgd", two_learners(inter=slow_link, intra=slow_link), WORK)
+    assert slow.frames_per_s == pytest.approx(fast.frames_per_s)
+    assert slow.rounds_per_step == pytest.approx(0.15 / 1.0)  # mean step 0.15 s over a 1 s exchange
+
+
+def test_hybrid_allreduces_in_the_node_and_broadcasts_each_merge():
+    # 2 nodes of 2 learners; intra link 1 GB/s, inter link 0.5 GB/s; learner 3 is twice as slow
+    cluster = Cluster(learners=4, per_node=2, frames_per_s=1000, intra=GBYTE_PER_S, inter=Link(4, 0),
+                      slow={3: 2.0})
+    e = estimate("hybrid", cluster, WORK)
+    # node steps before the broadcast: 0.1 + 0.1 (ring over 2: 2 x 0.5e8 / 1e9) = 0.2 and 0.2 + 0.1 = 0.3;
+    # an inter-node exchange takes 0.2 s, the mean node step 0.25 s: one round per step, and the leader's
+    # broadcast of each delta (0.1 s) is added to every node step
+    assert e.rounds_per_step == 1.0
+    assert e.frames_per_s == pytest.approx(200 / 0.3 + 200 / 0.4)
+    assert e.step_s == pytest.approx(0.35)
+
+
+def test_jitter_slows_sync_by_the_expected_maximum_and_leaves_adpsgd_alone():
+    calm = Cluster(learners=8, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S, inter=GBYTE_PER_S)
+    noisy = Cluster(learners=8, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S, inter=GBYTE_PER_S, jitter=0.3)
+    sync_ratio = estimate("sync", noisy, WORK).step_s / estimate("sync", calm, WORK).step_s
+    assert 1.1 < sync_ratio < 1.6  # E[max of 8 log-normals, sigma 0.3] is about 1.5 on the 0.1 s compute
+    assert estimate("adpsgd", noisy, WORK).step_s == pytest.approx(estimate("adpsgd", calm, WORK).step_s, rel=0.02)
+
+
+def test_bad_layouts_and_names_are_refused():
+    with pytest.raises(ValueError, match="do not split into nodes"):
+        Cluster(learners=6, per_node=4, frames_per_s=1, intra=GBYTE_PER_S, inter=GBYTE_PER_S)
+    with pytest.raises(ValueError, match="valid: sync, adpsgd, hybrid"):
+        estimate("asgd", two_learners(), WORK)
+    with pytest.raises(ValueError, match="at least 2 nodes"):
+        estimate("hybrid", two_learners(per_node=2), WORK)
+
+
+def test_the_paper_comparison_and_projection_are_computed_not_written_down():
+    for what, model_h, reported_h in paper_table():
+        assert math.isfinite(model_h) and model_h > 0 and reported_h > 0
+    table = projection("H200", sizes=(8, 64, 512))
+    assert table["hybrid"][0] is None  # 8 H200 are one node: no gossip between nodes
+    # past SYNC's batch limit, more learners stop helping it; ADPSGD keeps gaining
+    assert table["sync"][2].total_h > 0.5 * table["sync"][1].total_h
+    assert table["adpsgd"][2].total_h < 0.5 * table["adpsgd"][1].total_h
