@@ -1,0 +1,126 @@
+"""One short, prepared check for a lent GPU: the CUDA/NCCL path and the paper-sized model's throughput.
+
+    python -m recipe.gpu_check [--size paper] [--steps 300] [--out gpu_check.json]
+
+In one call, as a world of one learner (NCCL on CUDA; gloo where there is no GPU):
+  1. SYNC: the paper-sized model (recipe/conf/paper.yaml: 6 x 512 BLSTM, 256 bottleneck, 32,000 outputs)
+     in a DeepSpeed engine configured by ds_configs/tuning/sync_bf16.json, trained with frame-level cross
+     entropy on random 21-frame chunks of 260-dim input (the paper's shape; 64 chunks per micro batch from the
+     JSON): loss at the start and the end, and training frames/s after warm-up;
+  2. the ADPSGD gossip staging path: a snapshot of the weights to host memory and a delta added back on the
+     device, as every gossip round does (comm/gossip.py): milliseconds per exchange and GB/s.
+Prints one JSON object and writes it to --out. Without a GPU the same code runs on the CPU (--size tiny keeps
+it to seconds); tests/test_gpu_check.py runs it that way so the script cannot rot between GPU loans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+SIZES = {  # model settings: the paper's, and a tiny one for the CPU test
+    "paper": {"input_dim": 260, "output_dim": 32000, "layers": 6, "hidden": 512, "bottleneck": 256},
+    "tiny": {"input_dim": 260, "output_dim": 500, "layers": 1, "hidden": 32, "bottleneck": 16},
+}
+CHUNK = 21  # frames per training chunk (the paper's)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def train_throughput(engine, steps: int, warmup: int, micro: int, dims: dict) -> dict:
+    device, dtype = engine.device, next(engine.module.parameters()).dtype
+    g = torch.Generator(device="cpu").manual_seed(0)
+    feats = torch.randn(micro, CHUNK, dims["input_dim"], generator=g).to(device, dtype)
+    targets = torch.randint(0, dims["output_dim"], (micro, CHUNK), generator=g).to(device)
+    lengths = torch.full((micro,), CHUNK, device=device)
+    losses = []
+    for step in range(warmup + steps):
+        if step == warmup:
+            synchronize()
+            t0 = time.perf_counter()
+        logits, _ = engine(feats, lengths)  # (B, 21, V)
+        loss = F.cross_entropy(logits.float().reshape(-1, dims["output_dim"]), targets.reshape(-1))
+        engine.backward(loss)
+        engine.step()
+        if step in (0, warmup + steps - 1):
+            losses.append(loss.item())
+    synchronize()
+    wall = time.perf_counter() - t0
+    return {"train_steps": steps, "micro_batch_chunks": micro, "train_frames_per_s": steps * micro * CHUNK / wall,
+            "step_ms": 1000 * wall / steps, "loss_first": losses[0], "loss_last": losses[-1]}
+
+
+def staging_cost(params: list[torch.Tensor], repeats: int = 10) -> dict:
+    from comm.gossip import add_flat, flatten
+
+    delta = torch.zeros(sum(p.numel() for p in params))
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        snapshot = flatten(params)  # device -> host, fp32
+        add_flat(params, delta)  # host -> device, added in place
+    synchronize()
+    seconds = (time.perf_counter() - t0) / repeats
+    return {"staging_ms_per_exchange": 1000 * seconds,
+            "staging_gb_per_s": 2 * snapshot.numel() * 4 / seconds / 1e9}  # both directions
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=sorted(SIZES), default="paper")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--ds-config", default=str(REPO / "ds_configs" / "tuning" / "sync_bf16.json"))
+    p.add_argument("--out", default="gpu_check.json")
+    a = p.parse_args(argv)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        from recipe.local_learners import free_port
+
+        os.environ["MASTER_PORT"] = str(free_port())
+
+    import deepspeed
+    import torch.distributed as dist
+
+    from comm import ProcessLayout, build_strategy, init_distributed
+    from model.lstm import LSTMAcousticModel, count_parameters
+    from recipe.ds_config import load_ds_config
+
+    init_distributed()
+    engine_conf, comm_conf = load_ds_config(a.ds_config)
+    strategy = build_strategy(comm_conf, ProcessLayout.from_env())
+    dims = SIZES[a.size]
+    torch.manual_seed(0)
+    model = LSTMAcousticModel(**dims)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
+    strategy.attach(engine)
+    result = {"date": time.strftime("%Y-%m-%d"), "device": str(engine.device),
+              "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "backend": dist.get_backend(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+              "size": a.size, "params": count_parameters(engine.module),
+              "dtype": str(next(engine.module.parameters()).dtype),
+              **train_throughput(engine, a.steps, a.warmup, engine_conf["train_micro_batch_size_per_gpu"], dims),
+              **staging_cost(list(engine.module.parameters()))}
+    if torch.cuda.is_available():
+        result["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    print(json.dumps(result, indent=1))
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
