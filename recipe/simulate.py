@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
