@@ -154,13 +154,14 @@ def prepare_subset(work: Path, utterances: int, epochs: int) -> tuple[Path, list
 
 
 def run_arm(work: Path, base: Path, name: str, arm: tuple[str, dict], overrides: list[str], learners: int,
-            nodes: int = 1) -> dict:
-    """One training run of recipe/train.py with the arm's JSON, in a copy of the prepared experiment."""
+            nodes: int = 1, engine: dict | None = None) -> dict:
+    """One training run of recipe/train.py with the arm's JSON (its comm section updated by the arm's dict,
+    its engine settings by `engine`), in a copy of the prepared experiment."""
     exp = work / name
     shutil.rmtree(exp, ignore_errors=True)
     shutil.copytree(base, exp, ignore=shutil.ignore_patterns("checkpoints", "*.jsonl", "metrics.json"))
     json_path, comm = arm
-    ds = json.loads(Path(json_path).read_text())
+    ds = {**json.loads(Path(json_path).read_text()), **(engine or {})}
     ds["comm"] = {**ds["comm"], **copy.deepcopy(comm)}
     (exp / "ds.json").write_text(json.dumps(ds))
     argv = ["--exp", str(exp), "--ds-config", str(exp / "ds.json"), "--nodes", str(nodes), *overrides]

@@ -1,0 +1,177 @@
+"""The paper's experiments in one command: strategies, batch size, stragglers -> tables and plots.
+
+    python -m recipe.study [key=value ...]        e.g.  utterances=3000 epochs=6 learners=8 nodes=4
+
+With one seed and the same data (a subset of the built-in synthesized corpus, prepared once), on `learners`
+processes of this machine:
+  1. strategies: SYNC, ADPSGD and HYBRID (`nodes` emulated nodes, the inter-node link emulated as `link`)
+     for the same number of epochs;
+  2. batch size: the global batch at each of `batch_multipliers` x the base (micro batch x learners), for
+     SYNC and ADPSGD; the learning rate follows the recipe YAML's scaling rule and warm-up;
+  3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD.
+Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated) and
+loss_vs_time.png, cer_vs_batch.png, throughput_vs_straggler.png. Every run lives in EXP/runs/<name>; a run
+whose metrics.json exists is not run again, so an interrupted study resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from recipe.bench import prepare_subset, run_arm
+
+
+@dataclass
+class StudyConf:
+    exp: str = "exp/study"
+    utterances: int = 800  # training utterances of the built-in corpus (the held-out set: 100)
+    epochs: int = 3
+    learners: int = 4
+    nodes: int = 2  # HYBRID's emulated nodes (learners must split into them)
+    link_gbps: float = 1.0  # the emulated inter-node link of part 1 (comm/link.py)
+    link_latency_ms: float = 0.5
+    batch_multipliers: list = field(default_factory=lambda: [1, 4, 8, 16])
+    slowdowns: list = field(default_factory=lambda: [1, 2, 4])
+    overrides: list = field(default_factory=list)  # recipe YAML overrides for every run, e.g. ["model.hidden=256"]
+
+
+STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid")}
+
+
+def plan(conf: StudyConf) -> list[dict]:
+    """Every run of the study: name, part, strategy, comm and engine changes, learners, nodes."""
+    link = {"link": {"bandwidth_gbps": conf.link_gbps, "latency_ms": conf.link_latency_ms}}
+    runs = [dict(name=f"strategy-{s}", part="strategies", strategy=s, comm=link, engine={},
+                 nodes=conf.nodes if s == "hybrid" else 1) for s in STRATEGY_JSON]
+    micro = json.loads(Path(STRATEGY_JSON["sync"]).read_text())["train_micro_batch_size_per_gpu"]
+    for s in ("sync", "adpsgd"):  # the 1x batch and the 1x slowdown are one run: base-<strategy>
+        runs += [dict(name=f"batch{m}x-{s}" if m != 1 else f"base-{s}", part="batch", strategy=s, comm={},
+                      engine={"train_micro_batch_size_per_gpu": micro * m}, nodes=1) for m in conf.batch_multipliers]
+        runs += [dict(name=f"straggler{f:g}x-{s}" if f != 1 else f"base-{s}", part="stragglers", strategy=s,
+                      slowdown=f, engine={"train_micro_batch_size_per_gpu": micro}, nodes=1,
+                      comm={"debug": {"slowdown": {"1": float(f)}}} if f != 1 else {}) for f in conf.slowdowns]
+    return runs
+
+
+def run_study(conf: StudyConf) -> Path:
+    root = Path(conf.exp).resolve()
+    base, subset = prepare_subset(root, conf.utterances, conf.epochs)
+    results = []
+    for run in plan(conf):
+        done = root / "runs" / run["name"] / "metrics.json"
+        if not done.is_file():
+            t0 = time.perf_counter()
+            run_arm(root / "runs", base, run["name"], (STRATEGY_JSON[run["strategy"]], run["comm"]),
+                    [*subset, *conf.overrides], conf.learners, run["nodes"], run["engine"])
+            print(f"study: {run['name']} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        metrics = json.loads(done.read_text())
+        log = [json.loads(line) for line in (done.parent / "train_log.jsonl").read_text().splitlines()]
+        results.append({**run, "metrics": metrics, "log": log})
+    write_report(root, conf, results)
+    return root / "report.md"
+
+
+def bytes_sent(metrics: dict, log: list[dict], model_bytes: float) -> tuple[float, str]:
+    """Bytes learner 0 sent per epoch, and how they were counted: gossip bytes are counted by its gossip
+    thread; a ring allreduce over n learners sends 2 (n - 1) / n x the model per step (computed)."""
+    steps = sum(r["learner_micro_steps"][0] for r in log) / len(log)  # learner 0's steps per epoch
+    group = {"sync": metrics["learners"], "adpsgd": 1, "hybrid": metrics["learners"] // metrics["nodes"]}
+    n = group[metrics["strategy"]]
+    allreduce = 2 * (n - 1) / n * model_bytes * steps
+    gossip = metrics.get("gossip_bytes_sent", 0) / len(log)
+    how = " + ".join(what for what, b in (("gossip, counted", gossip), ("allreduce, computed", allreduce)) if b)
+    return gossip + allreduce, how
+
+
+def write_report(root: Path, conf: StudyConf, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model_bytes = 4 * results[0]["metrics"]["params"]
+    lines = [f"# Study: {conf.learners} learners, {conf.utterances} utterances, {conf.epochs} epochs",
+             "", f"Written by `python -m recipe.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
+             f"`{json.dumps(OmegaConf.to_container(OmegaConf.structured(conf)))}`.", ""]
+
+    def table(title: str, part: str, first: str, first_value) -> list[dict]:
+        lines.extend([f"## {title}", "", f"| {first} | strategy | s/epoch | frames/s | held-out loss | CER % | WER % "
+                      "| MB sent by learner 0 per epoch |", "|---|---|---|---|---|---|---|---|"])
+        rows = [r for r in results if r["part"] == part]
+        for r in rows:
+            m, log = r["metrics"], r["log"]
+            sent, how = bytes_sent(m, log, model_bytes)
+            lines.append(f"| {first_value(r)} | {r['strategy'].upper()} | {m['wall_s'] / len(log):.1f} | "
+                         f"{m['train_frames_per_s']:.0f} | {m['heldout_loss']:.3f} | {100 * m['cer']:.2f} | "
+                         f"{100 * m['wer']:.2f} | {sent / 1e6:.1f} ({how}) |")
+        lines.append("")
+        return rows
+
+    strategies = table(f"1. Strategies ({conf.nodes} emulated nodes for HYBRID; inter-node link emulated at "
+                       f"{conf.link_gbps} Gbit/s, {conf.link_latency_ms} ms for all three)", "strategies", "run",
+                       lambda r: r["name"])
+    batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
+    straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in strategies:
+        ax.plot([r["wall_s"] / 60 for r in run["log"]], [r["heldout_loss"] for r in run["log"]], "o-",
+                label=run["strategy"].upper())
+    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out loss", title="Strategies")
+    save(fig, ax, root / "loss_vs_time.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in ("sync", "adpsgd"):
+        rs = [r for r in batch if r["strategy"] == s]
+        ax.plot([r["metrics"]["global_batch"] for r in rs], [100 * r["metrics"]["cer"] for r in rs], "o-",
+                label=s.upper())
+    ax.set(xscale="log", xlabel="global batch (utterances)", ylabel="held-out CER (%)", title="Batch size")
+    save(fig, ax, root / "cer_vs_batch.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in ("sync", "adpsgd"):
+        rs = [r for r in straggle if r["strategy"] == s]
+        ax.plot([r["slowdown"] for r in rs], [r["metrics"]["train_frames_per_s"] for r in rs], "o-", label=s.upper())
+    ax.set(xlabel="slowdown of learner 1", ylabel="aggregate training frames/s", title="Stragglers")
+    save(fig, ax, root / "throughput_vs_straggler.png")
+    lines += ["![held-out loss against time](loss_vs_time.png) ![CER against batch](cer_vs_batch.png) "
+              "![throughput against slowdown](throughput_vs_straggler.png)", ""]
+    (root / "report.md").write_text("\n".join(lines))
+
+
+def save(fig, ax, path: Path) -> None:
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    from omegaconf.errors import OmegaConfBaseException
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        conf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudyConf), OmegaConf.from_dotlist(argv)))
+    except OmegaConfBaseException as err:
+        print(f"recipe.study: {err}".splitlines()[0], file=sys.stderr)
+        return 2
+    if conf.learners % conf.nodes or conf.learners < 2:
+        print(f"recipe.study: learners={conf.learners} must be at least 2 and split into nodes={conf.nodes}",
+              file=sys.stderr)
+        return 2
+    print(f"study report: {run_study(conf)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
