@@ -1,0 +1,42 @@
+"""The study command (recipe/study.py): its plan, a whole tiny study end to end, and its bad settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipe.study import StudyConf, main, plan
+from tests.conftest import TINY
+
+TINY_MODEL = [o for o in TINY if o.startswith(("model.", "optim."))]
+
+
+def test_the_plan_runs_every_setting_once_and_shares_the_base_runs():
+    runs = plan(StudyConf())
+    names = [r["name"] for r in runs]
+    assert len(runs) == 3 + 2 * (4 + 3)  # strategies; SYNC and ADPSGD x (4 batch sizes + 3 slowdowns)
+    assert len(set(names)) == len(runs) - 2  # the 1x batch and the 1x slowdown are the same run
+    assert {r["part"] for r in runs if r["name"] == "base-adpsgd"} == {"batch", "stragglers"}
+    assert [r["engine"]["train_micro_batch_size_per_gpu"] for r in runs if r["part"] == "batch"] == [8, 32, 64, 128] * 2
+    assert next(r for r in runs if r["name"] == "straggler4x-sync")["comm"] == {"debug": {"slowdown": {"1": 4.0}}}
+
+
+def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
+    args = [f"exp={tmp_path / 'study'}", "utterances=64", "epochs=1", "learners=2", "nodes=2",
+            "batch_multipliers=[1,2]", "slowdowns=[2]", f"overrides=[{','.join(TINY_MODEL)}]"]
+    assert main(args) == 0
+    report = (tmp_path / "study" / "report.md").read_text()
+    for title in ("## 1. Strategies", "## 2. Global batch", "## 3. Learner 1 slowed"):
+        assert title in report
+    assert report.count("| SYNC |") == 1 + 2 + 1 and report.count("| HYBRID |") == 1
+    for plot in ("loss_vs_time.png", "cer_vs_batch.png", "throughput_vs_straggler.png"):
+        assert (tmp_path / "study" / plot).stat().st_size > 5_000
+    assert capsys.readouterr().out.count("done in") == 3 + 2 * 2
+    assert main(args) == 0  # every run is done: only the report is written again
+    assert "done in" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [(["learners=3"], "must be at least 2 and split into nodes=2"),
+                                           (["epoch=3"], "epoch")])
+def test_bad_settings_are_refused_before_any_run(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
