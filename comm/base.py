@@ -65,7 +65,6 @@ class LiveGroup:
     HYBRID leader is in the gossip group, its follower is not), so their rendezvous never met."""
 
     def __init__(self, ranks: list[int], rank: int, tag: str):
-        self.ranks = ranks
         store = dist.PrefixStore(f"live/{tag}/", dist.distributed_c10d._get_default_store())
         self.group = dist.ProcessGroupGloo(store, ranks.index(rank), len(ranks), _collective_timeout)
 

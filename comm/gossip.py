@@ -141,7 +141,7 @@ class GossipThread:
                 peer = self.peer_of_round(r)
                 if peer not in self.lost_peers:
                     self._exchange(r, peer)
-                if peer in self.lost_peers:
+                if peer in self.lost_peers:  # known lost before the round, or found lost by its exchange
                     self.rounds_skipped += 1
         except BaseException as err:  # reported by stop() on the compute thread
             self._error = err
