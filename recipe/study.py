@@ -30,13 +30,13 @@ from recipe.bench import prepare_subset, run_arm
 @dataclass
 class StudyConf:
     exp: str = "exp/study"
-    utterances: int = 800  # training utterances of the built-in corpus (the held-out set: 100)
+    utterances: int = 1500  # training utterances of the built-in corpus (the held-out set: 100)
     epochs: int = 3
     learners: int = 4
     nodes: int = 2  # HYBRID's emulated nodes (learners must split into them)
     link_gbps: float = 1.0  # the emulated inter-node link of part 1 (comm/link.py)
     link_latency_ms: float = 0.5
-    batch_multipliers: list = field(default_factory=lambda: [1, 4, 8, 16])
+    batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
     slowdowns: list = field(default_factory=lambda: [1, 2, 4])
     overrides: list = field(default_factory=list)  # recipe YAML overrides for every run, e.g. ["model.hidden=256"]
 
