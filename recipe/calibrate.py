@@ -1,18 +1,25 @@
 """The scaling model (recipe/simulate.py) calibrated on this machine: measure its inputs here, predict the
 multi-learner runs, run them, compare.
 
-Inputs, measured: the compute rate of a learner while the machine is full, from `cores` single-thread learners
-training side by side with no communication (ADPSGD with gossip off: no round ever starts); the loopback link,
-from gloo allreduces of 4 bytes (latency) and of the model's bytes between 2 learners; the cost of one gossip
-merge (snapshot + adding a delta) of the model. W learners of t threads on this machine then run at that rate
-x min(1, cores / (W t)) apiece. Predicted and then measured: SYNC and ADPSGD on 2 and 4 learners, HYBRID on 2
-emulated nodes of 2 (one epoch of recipe/train.py each, the same subset corpus). Printed: predicted and
-measured aggregate frames/s.
+Inputs, measured:
+  - compute: the rate of a learner while W learners (W = 2 and 4, the sizes predicted) train side by side
+    with no communication (ADPSGD whose gossip never starts a round), before and after the runs it predicts,
+    averaged (the machine drifts). The sharing of cores, caches and memory bandwidth is in it: on 2 cores,
+    4 learners compute-only ran 22% fewer frames/s in all than 2 (2026-12-03);
+  - uneven steps: the spread of frames per batch in the sampler's batches of the training set (sigma of
+    their log), the jitter that makes SYNC wait for the slowest learner each step;
+  - the loopback link: gloo allreduces of 4 bytes (latency) and of the model's bytes between 2 learners;
+  - one gossip merge (snapshot + adding a delta) of the model.
+The cluster is a shared host of this machine's cores (Cluster.host_cores): communication runs on the cores
+that compute. Predicted and then measured: SYNC and ADPSGD on 2 and 4 learners, HYBRID on 2 emulated nodes of
+2 (one epoch of recipe/train.py each, the same subset corpus). Printed: predicted and measured aggregate
+frames/s. The 1-learner rates are inputs, not predictions.
 
-Why the full machine, not one learner alone: one learner with 1 thread ran 5,825 frames/s and with 2 threads
-7,846, but 2 single-thread learners together ran 9,000; learners compete for memory bandwidth and caches and
-an LSTM at batch 8 uses a second thread poorly, so neither "cores are independent" (up to 30% too fast) nor
-"the learners share one learner's 2-thread rate" (up to 18% too slow) predicted well.
+How the inputs came to be these (each was measured against the runs): treating cores as independent (one
+learner's rate x cores) was up to 30% too fast, and sharing one learner's 2-thread rate up to 18% too slow;
+one compute rate for all W (the full machine's, scaled by cores / W) left 4 learners 28-61% too fast, and
+overlapping the gossip exchange with the compute (true on a GPU, whose gossip thread has a core to itself)
+left ADPSGD 19% too fast on 2 learners.
 
     python -m recipe.simulate calibrate [--work exp/bench] [--utterances 600]
 """
@@ -23,13 +30,16 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from recipe.bench import prepare_subset, run_arm
+from recipe.dataset import BucketBatchSampler
 from recipe.local_learners import run_learners
 from recipe.simulate import Cluster, Link, Workload, estimate
 
 REPEATS = 20
+SIZES = (2, 4)  # learner counts predicted
 
 
 def link_learner(rank: int, world: int, model_bytes: int) -> dict:
@@ -77,37 +87,41 @@ def calibrate(work: Path, utterances: int) -> None:
     print(f"calibration on {cores} cores: {len(train_set)} utterances, {n_params:,} parameters "
           f"({4 * n_params / 2 ** 20:.1f} MiB), {frames_per_step:.0f} frames per step of {micro} utterances")
 
-    def full_machine_rate() -> float:  # per learner: `cores` learners computing side by side, no communication
+    def compute_rates() -> dict[int, float]:  # per learner: W learners side by side, no communication
         arm = ("ds_configs/adpsgd.json", {"period": 10 ** 9})
-        return run_arm(work, base, "cal-compute", arm, subset, cores)["train_frames_per_s"] / cores
+        return {w: run_arm(work, base, f"cal-compute-{w}", arm, subset, w)["train_frames_per_s"] / w
+                for w in SIZES}
 
-    # the machine drifts: the compute input is measured before and after the runs it predicts, averaged
-    rate_before = full_machine_rate()
+    rates_before = compute_rates()
     timings = run_learners(link_learner, 2, 4 * n_params)[0]
     # a ring allreduce over 2 learners: 2 phases of (latency + M / 2 / bandwidth)
     latency_s = timings["small"] / 2
     bytes_per_s = (4 * n_params / 2) / (timings["model"] / 2 - latency_s)
     loopback = Link(bandwidth_gbps=bytes_per_s * 8 / 1e9, latency_us=latency_s * 1e6)
     merge_s = merge_seconds(params)
+    batch_frames = np.array([train_set.lengths[b].sum() for b in
+                             BucketBatchSampler(train_set.lengths, micro).epoch_batches(1)], dtype=float)
+    jitter = float(np.log(batch_frames).std())
     print(f"inputs: loopback link {loopback.bandwidth_gbps:.2f} Gbit/s, {loopback.latency_us:.0f} us (gloo "
-          f"allreduce, 2 learners); gossip merge {1000 * merge_s:.1f} ms")
+          f"allreduce, 2 learners); gossip merge {1000 * merge_s:.1f} ms; frames per batch {batch_frames.mean():.0f}"
+          f" (sigma of log {jitter:.2f})")
 
     runs = [("sync", 2, 1), ("sync", 4, 1), ("adpsgd", 2, 1), ("adpsgd", 4, 1), ("hybrid", 4, 2)]
     measured = {run: run_arm(work, base, f"cal-{run[0]}-{run[1]}", (f"ds_configs/{run[0]}.json", {}), subset,
                              run[1], run[2])["train_frames_per_s"] for run in runs}
-    rate_after = full_machine_rate()
-    rate = (rate_before + rate_after) / 2
-    print(f"inputs: a learner computes {rate:.0f} frames/s while {cores} learners fill the machine "
-          f"({rate_before:.0f} before the runs, {rate_after:.0f} after)")
+    rates_after = compute_rates()
+    rates = {w: (rates_before[w] + rates_after[w]) / 2 for w in SIZES}
+    for w in SIZES:
+        print(f"inputs: {w} learners side by side compute {rates[w]:.0f} frames/s each "
+              f"({rates_before[w]:.0f} before the runs, {rates_after[w]:.0f} after)")
 
     print(f"{'strategy':>8} {'learners':>9} {'predicted frames/s':>19} {'measured':>9} {'predicted/measured':>19}")
     errors = []
+    work_ = Workload(params=n_params, frames_per_step=frames_per_step, frames_per_epoch=train_set.lengths.sum())
     for (strategy, learners, nodes), got in measured.items():
-        threads = max(1, cores // learners)  # recipe/train.py's threads_per_learner
-        per_learner = rate * min(1.0, cores / (learners * threads))
-        cluster = Cluster(learners, learners // nodes, per_learner, loopback, loopback,
-                          merge_s=merge_s if strategy != "sync" else 0.0)
-        work_ = Workload(params=n_params, frames_per_step=frames_per_step, frames_per_epoch=train_set.lengths.sum())
+        cluster = Cluster(learners, learners // nodes, rates[learners], loopback, loopback, jitter=jitter,
+                          merge_s=merge_s if strategy != "sync" else 0.0, host_cores=cores,
+                          threads=max(1, cores // learners))  # recipe/train.py's threads per learner
         predicted = estimate(strategy, cluster, work_).frames_per_s
         errors.append(predicted / got - 1)
         print(f"{strategy:>8} {learners:>9} {predicted:19.0f} {got:9.0f} {predicted / got:19.3f}")

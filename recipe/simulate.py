@@ -19,8 +19,17 @@ at any size, from figures a user can measure or look up:
   epoch       frames per epoch / aggregate frames/s; ADPSGD and HYBRID add one consensus allreduce
 
 Stragglers: learner i's compute time is t_c x slow_i x a per-step factor drawn from a log-normal of mean 1
-(jitter sigma); E[max] is estimated by sampling with a fixed seed. Everything here is a model: what it leaves
-out is listed in BENCHMARKS.md next to its calibration on this machine and its check against the paper.
+(jitter sigma: uneven batches, a noisy machine); E[max] is estimated by sampling with a fixed seed.
+
+CPU learners sharing one host (Cluster.host_cores set, as on the machine the model is calibrated on): t_c is
+measured with as many learners on the host as modelled, so the sharing of cores is in it. Two things change:
+  - communication runs on the cores that compute: the gossip exchange no longer hides behind the compute
+    (rounds per step = 1 / period, and step += share x (exchange + merge), share = learners x threads / cores
+    when above 1);
+  - with more learners than cores, a learner that waits in the allreduce gives its core to the others, so
+    the per-step jitter costs no waiting (persistent slowdowns still do).
+Everything here is a model: what it leaves out is listed in BENCHMARKS.md next to its calibration on this
+machine and its check against the paper.
 
     python -m recipe.simulate paper                  # the paper's runs, with every assumed figure printed
     python -m recipe.simulate project [--out DIR]    # 8..512 learners per strategy, P100/V100/H200 figures
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +68,13 @@ class Cluster:
     merge_s: float = 0.0  # compute-thread cost of adding a received delta
     slow: dict[int, float] = field(default_factory=dict)  # persistent slowdown factor of some learners
     jitter: float = 0.0  # sigma of the per-step log-normal factor on every learner's compute time
+    host_cores: int | None = None  # CPU learners sharing a host of this many cores; None: a processor each
+    threads: int = 1  # compute threads per learner (host_cores only)
+
+    @property
+    def share(self) -> float:
+        """How many compute threads each core of a shared host runs (1 where nothing is oversubscribed)."""
+        return max(1.0, self.learners * self.threads / self.host_cores) if self.host_cores else 1.0
 
     @property
     def nodes(self) -> int:
@@ -121,26 +137,37 @@ def estimate(strategy: str, cluster: Cluster, work: Workload, samples: int = 400
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     t_c = work.frames_per_step / cluster.frames_per_s
+    if cluster.share > 1:  # a waiting learner's core goes to the others: uneven steps cost no waiting
+        cluster = replace(cluster, jitter=0.0)
     factors = compute_factors(cluster, samples, seed) * t_c  # [samples, learners] compute seconds
     m, w, g = work.model_bytes, cluster.learners, cluster.per_node
     gossip_link = cluster.inter if cluster.nodes > 1 else cluster.intra
     consensus = ring_allreduce_s(m, w, gossip_link)
+
+    def gossip(exchange: float, step: float) -> tuple[float, float]:
+        """-> (seconds a round adds to a step, rounds per step): on a shared host the exchange takes the
+        compute's cores; elsewhere it overlaps, and a slow link means fewer rounds, not slower steps."""
+        if cluster.host_cores:
+            return cluster.share * (exchange + cluster.merge_s) / work.period, 1 / work.period
+        return cluster.merge_s, min(1 / work.period, (step + cluster.merge_s) / exchange)
+
     if strategy == "sync":
         step = float(factors.max(axis=1).mean()) + ring_allreduce_s(m, w, gossip_link)
         rate, rounds = w * work.frames_per_step / step, 0.0
         consensus = 0.0
     elif strategy == "adpsgd":
-        steps = factors.mean(axis=0) + cluster.merge_s  # each learner at its own pace
+        compute = factors.mean(axis=0)  # each learner at its own pace
+        added, rounds = gossip(exchange_s(m, gossip_link, cluster.staging), float(compute.mean()))
+        steps = compute + added
         rate = float((work.frames_per_step / steps).sum())
         step = float(steps.mean())
-        rounds = min(1 / work.period, step / exchange_s(m, gossip_link, cluster.staging))
     else:
         if cluster.nodes < 2:
             raise ValueError("hybrid needs at least 2 nodes")
         node_compute = factors.reshape(factors.shape[0], cluster.nodes, g).max(axis=2).mean(axis=0)
-        inter = exchange_s(m, cluster.inter, cluster.staging)
-        base = node_compute + ring_allreduce_s(m, g, cluster.intra) + cluster.merge_s
-        rounds = min(1 / work.period, float(base.mean()) / inter)
+        base = node_compute + ring_allreduce_s(m, g, cluster.intra)
+        added, rounds = gossip(exchange_s(m, cluster.inter, cluster.staging), float(base.mean()))
+        base = base + added
         broadcast = rounds * cluster.intra.seconds(m) if g > 1 else 0.0  # leader -> node, per step on average
         steps = base + broadcast
         rate = float((g * work.frames_per_step / steps).sum())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -81,6 +82,37 @@ def test_jitter_slows_sync_by_the_expected_maximum_and_leaves_adpsgd_alone():
     sync_ratio = estimate("sync", noisy, WORK).step_s / estimate("sync", calm, WORK).step_s
     assert 1.1 < sync_ratio < 1.6  # E[max of 8 log-normals, sigma 0.3] is about 1.5 on the 0.1 s compute
     assert estimate("adpsgd", noisy, WORK).step_s == pytest.approx(estimate("adpsgd", calm, WORK).step_s, rel=0.02)
+
+
+def test_on_a_shared_host_the_gossip_exchange_takes_the_compute_cores():
+    # 4 CPU learners of 1 thread on 2 cores (share 2); t_c = 0.1 s as measured with 4 learners side by side;
+    # exchange 0.1 s, merge 0.01 s: step = 0.1 + 2 x (0.1 + 0.01) = 0.32 s, one round per step
+    host = Cluster(learners=4, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S, inter=GBYTE_PER_S,
+                   merge_s=0.01, host_cores=2, threads=1)
+    assert host.share == 2.0
+    e = estimate("adpsgd", host, WORK)
+    assert e.step_s == pytest.approx(0.32)
+    assert e.frames_per_s == pytest.approx(4 * 100 / 0.32)
+    assert e.rounds_per_step == 1.0
+    # with a period of 2 steps, half of it per step: 0.1 + 0.11
+    assert estimate("adpsgd", host, Workload(params=25_000_000, frames_per_step=100, frames_per_epoch=2000,
+                                             period=2)).step_s == pytest.approx(0.21)
+    # HYBRID, 2 nodes of 2: node compute 0.1 + ring over 2 (0.1) + 2 x 0.11 + the leader's broadcast (0.1)
+    hybrid = estimate("hybrid", replace(host, per_node=2), WORK)
+    assert hybrid.step_s == pytest.approx(0.52)
+
+
+def test_on_an_oversubscribed_host_uneven_steps_cost_sync_no_waiting():
+    def sync_step(learners: int, jitter: float) -> float:
+        return estimate("sync", Cluster(learners=learners, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S,
+                                        inter=GBYTE_PER_S, jitter=jitter, host_cores=2), WORK).step_s
+
+    # a core each (2 learners, 2 cores): the step waits for the slower batch; E[max of 2] is about
+    # mean + sigma / sqrt(pi) of the 0.1 s compute (normal approximation of the log-normal)
+    assert sync_step(2, 0.3) - sync_step(2, 0.0) == pytest.approx(0.1 * 0.3 / math.sqrt(math.pi), rel=0.2)
+    # 4 learners on 2 cores: a learner waiting in the allreduce gives its core to the others
+    assert sync_step(4, 0.3) == pytest.approx(sync_step(4, 0.0))
+    assert sync_step(4, 0.0) == pytest.approx(0.1 + 6 * 0.025)  # compute + ring of 4 (6 x 1e8 / 4 / 1e9)
 
 
 def test_bad_layouts_and_names_are_refused():
