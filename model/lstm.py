@@ -53,8 +53,11 @@ class LSTMAcousticModel(nn.Module):
 def ctc_loss(logits: torch.Tensor, out_lengths: torch.Tensor, targets: torch.Tensor,
              target_lengths: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """CTC with blank = 0. reduction 'mean': summed loss / summed target tokens, so every token weighs the same
-    however the batch is cut; 'sum': the summed loss (for exact held-out totals)."""
+    however the batch is cut; 'sum': the summed loss; 'none': per utterance (B,) (exact held-out totals)."""
     log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T/S, B, V)
+    if reduction == "none":
+        return F.ctc_loss(log_probs, targets, out_lengths, target_lengths, blank=0, reduction="none",
+                          zero_infinity=True)
     total = F.ctc_loss(log_probs, targets, out_lengths, target_lengths, blank=0, reduction="sum",
                        zero_infinity=True)
     return total / target_lengths.sum().clamp(min=1) if reduction == "mean" else total

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import yaml  # omegaconf's YAML parser (PyYAML): its errors name the line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from recipe.corpora import PREPARERS
 
 
 class ConfigError(ValueError):
@@ -22,9 +24,13 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConf:
-    corpus: str = "synth"  # synth: the built-in espeak-ng corpus; kaldi: train_dir/test_dir given by the user
+    # synth: the built-in espeak-ng corpus; kaldi: train_dir/test_dir given by the user; a public corpus by
+    # name (recipe/corpora.py: fsdd) prepared from its local folder corpus_dir
+    corpus: str = "synth"
     train_dir: Optional[str] = None  # Kaldi data dirs (wav.scp, text, optional utt2spk, segments)
     test_dir: Optional[str] = None
+    corpus_dir: Optional[str] = None  # a public corpus's local folder, in its distribution layout
+    heldout_speakers: List[str] = field(default_factory=list)  # their recordings are the test set (fsdd)
     sample_rate: int = 16000  # audio is resampled to this rate
     synth_train: int = 3000  # utterances in the synthesized training set
     synth_test: int = 300  # utterances in the synthesized held-out set
@@ -40,6 +46,19 @@ class FeatureConf:
     deltas: bool = True  # append deltas and double deltas: 3 x n_mels dims
     cmvn: str = "speaker"  # global | speaker | utterance | none
     num_workers: int = 2  # parallel extraction processes
+
+
+@dataclass
+class AugmentConf:
+    """recipe/augment.py. SpecAugment masks training batches; speed perturbation extracts the training set
+    again at each factor (1.0: the originals)."""
+    speed_perturb: List[float] = field(default_factory=lambda: [1.0])
+    freq_masks: int = 0  # per utterance
+    freq_mask_width: int = 0  # at most this many mel channels each
+    time_masks: int = 0
+    time_mask_width: int = 0  # at most this many frames each ...
+    time_mask_ratio: float = 0.2  # ... and at most this fraction of the utterance
+    time_warp: int = 0  # frames a random point may move; 0 = no warp
 
 
 @dataclass
@@ -81,16 +100,23 @@ class TrainConf:
 
 
 @dataclass
+class DecodeConf:
+    average_last: int = 1  # the decode stage averages the weights of the last N epoch checkpoints (1: the last)
+
+
+@dataclass
 class RecipeConf:
     data: DataConf = field(default_factory=DataConf)
     features: FeatureConf = field(default_factory=FeatureConf)
+    augment: AugmentConf = field(default_factory=AugmentConf)
     model: ModelConf = field(default_factory=ModelConf)
     optim: OptimConf = field(default_factory=OptimConf)
     train: TrainConf = field(default_factory=TrainConf)
+    decode: DecodeConf = field(default_factory=DecodeConf)
 
 
 CHOICES = {
-    "data.corpus": ("synth", "kaldi"),
+    "data.corpus": ("synth", "kaldi", *PREPARERS),
     "features.cmvn": ("global", "speaker", "utterance", "none"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
@@ -127,5 +153,19 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.layers", "model.hidden", "model.stack", "train.epochs", "features.n_mels", "optim.base_batch"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if not 1 <= cfg.decode.average_last <= cfg.train.keep_checkpoints:
+        raise ConfigError(f"decode.average_last={cfg.decode.average_last} must be in [1, train.keep_checkpoints="
+                          f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
+    a = cfg.augment
+    if not a.speed_perturb or any(f <= 0 for f in a.speed_perturb) or len(set(a.speed_perturb)) < len(a.speed_perturb):
+        raise ConfigError(f"augment.speed_perturb must be distinct factors > 0, got {list(a.speed_perturb)}")
+    if not 0 <= a.freq_mask_width <= cfg.features.n_mels:
+        raise ConfigError(f"augment.freq_mask_width must be in [0, features.n_mels={cfg.features.n_mels}], "
+                          f"got {a.freq_mask_width}")
+    for key in ("freq_masks", "time_masks", "time_mask_width", "time_warp"):
+        if a[key] < 0:
+            raise ConfigError(f"augment.{key} must be >= 0, got {a[key]}")
+    if not 0.0 <= a.time_mask_ratio <= 1.0:
+        raise ConfigError(f"augment.time_mask_ratio must be in [0, 1], got {a.time_mask_ratio}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")

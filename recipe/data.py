@@ -33,6 +33,7 @@ class Utterance:
     text: str
     start: float = 0.0  # seconds into the audio file (segments)
     end: Optional[float] = None  # None: to the end of the file
+    speed: float = 1.0  # speed perturbation factor applied when the audio is loaded (recipe/augment.py)
 
 
 def read_table(path: Path) -> dict[str, tuple[str, int]]:

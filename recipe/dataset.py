@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -27,11 +27,15 @@ def ctc_min_steps(target: list[int]) -> int:
 
 
 class CTCDataset:
-    """Utterances of a feature cache with their token targets; too-short utterances are dropped and counted."""
+    """Utterances of a feature cache with their token targets. An utterance too short for CTC to align its
+    transcript at the model's frame rate is dropped from training and counted; a held-out set keeps it
+    (keep_too_short), so it is decoded and counted in the error rates though the loss cannot score it."""
 
     def __init__(self, cache: FeatureCache, texts: dict[str, str], tokens: list[str], cmvn: str, stack: int,
-                 global_stats: Optional[tuple[np.ndarray, np.ndarray]] = None):
+                 global_stats: Optional[tuple[np.ndarray, np.ndarray]] = None, keep_too_short: bool = False,
+                 augment: Optional[Callable[[np.ndarray, np.random.Generator], np.ndarray]] = None):
         self.cache = cache
+        self.augment = augment  # applied by collate() when given a generator (training batches)
         index = {t: i for i, t in enumerate(tokens)}
         self.cmvn = cmvn
         self.stats = cmvn_stats(cache, cmvn) if cmvn != "global" or global_stats is None else {"*": global_stats}
@@ -39,16 +43,21 @@ class CTCDataset:
         self.items: list[int] = []
         self.targets: list[list[int]] = []
         self.texts: list[str] = []
+        self.scorable: list[bool] = []  # the CTC loss can align the transcript
         for i, utt in enumerate(cache.utts):
             target = [index[c] for c in texts[utt]]
-            if cache.frames[i] // stack < ctc_min_steps(target):
-                log.warning("utterance %s: %d frames are too few for its %d-token transcript at stack %d: skipped",
-                            utt, cache.frames[i], len(target), stack)
+            scorable = cache.frames[i] // stack >= ctc_min_steps(target)
+            if not scorable:
+                log.warning("utterance %s: %d frames are too few for its %d-token transcript at stack %d: %s",
+                            utt, cache.frames[i], len(target), stack,
+                            "decoded, not in the loss" if keep_too_short else "skipped")
                 self.skipped["too_short_for_ctc"] += 1
-                continue
+                if not keep_too_short:
+                    continue
             self.items.append(i)
             self.targets.append(target)
             self.texts.append(texts[utt])
+            self.scorable.append(scorable)
         self.lengths = cache.frames[self.items]
 
     def __len__(self) -> int:
@@ -66,9 +75,12 @@ class CTCDataset:
         mean, std = self.stats[key]
         return (x - mean) / std
 
-    def collate(self, batch: list[int]) -> dict[str, torch.Tensor]:
-        """Indices -> padded features (B, T, D), lengths (B,), concatenated targets (sum L,), target lengths."""
+    def collate(self, batch: list[int], rng: Optional[np.random.Generator] = None) -> dict[str, torch.Tensor]:
+        """Indices -> padded features (B, T, D), lengths (B,), concatenated targets (sum L,), target lengths.
+        With a generator, the dataset's augmentation is applied to every utterance."""
         feats = [self.features(k) for k in batch]
+        if rng is not None and self.augment is not None:
+            feats = [self.augment(x, rng) for x in feats]
         lengths = torch.tensor([len(x) for x in feats])
         padded = torch.zeros(len(batch), int(lengths.max()), self.cache.dim)
         for b, x in enumerate(feats):

@@ -54,9 +54,11 @@ def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]],
     for batch in batches:
         b = data.collate(batch)
         logits, out_lengths = model(b["feats"].to(device, dtype), b["lengths"].to(device))
-        totals["loss_sum"] += float(ctc_loss(logits, out_lengths, b["targets"].to(device),
-                                             b["target_lengths"].to(device), reduction="sum"))
-        totals["tokens"] += int(b["target_lengths"].sum())
+        losses = ctc_loss(logits, out_lengths, b["targets"].to(device), b["target_lengths"].to(device),
+                          reduction="none")
+        scorable = torch.tensor([data.scorable[k] for k in batch])  # too short for CTC: decoded, not scored
+        totals["loss_sum"] += float(losses.cpu()[scorable].sum())
+        totals["tokens"] += int(b["target_lengths"][scorable].sum())
         hyps = greedy_decode(logits.float().cpu(), out_lengths.cpu(), tokens)
         refs = [data.texts[k] for k in batch]
         for key, value in error_counts(refs, hyps).items():
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", default=None, help="default: the latest in EXP/checkpoints")
     args = p.parse_args(argv)
     exp = Experiment(args.exp)
-    model, meta = exp.load_model(args.checkpoint)
+    model, meta = exp.load_model(args.checkpoint, average_last=exp.conf.decode.average_last)
     data = exp.dataset("test")
     batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
     totals, decoded = evaluate(model, data, batches, exp.tokens)
@@ -92,7 +94,8 @@ def main(argv=None) -> int:
     decoded.sort()
     (out / "hyp.txt").write_text("".join(f"{u} {h}\n" for u, _, h in decoded))
     (out / "ref.txt").write_text("".join(f"{u} {r}\n" for u, r, _ in decoded))
-    result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "utterances": len(decoded), **scores}
+    result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", []),
+              "utterances": len(decoded), **scores}
     (out / "scores.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0

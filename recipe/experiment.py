@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from model.lstm import LSTMAcousticModel
+from recipe.augment import SpecAugment, source_utt
 from recipe.config import ConfigError, load_config
 from recipe.data import read_table, read_tokens
 from recipe.dataset import CTCDataset
@@ -52,8 +53,13 @@ class Experiment:
         cmvn = self.conf.features.cmvn
         # global normalization uses the training set's statistics for every split
         global_stats = cmvn_stats(self.cache("train"), "global")["*"] if cmvn == "global" else None
+        cache = self.cache(split)
         texts = {utt: text for utt, (text, _) in read_table(self.data_dir(split) / "text").items()}
-        return CTCDataset(self.cache(split), texts, self.tokens, cmvn, self.conf.model.stack, global_stats)
+        texts = {utt: texts[source_utt(utt)] for utt in cache.utts}  # speed-perturbed copies: their source's
+        augment = SpecAugment(self.conf.augment, self.conf.features.n_mels) if split == "train" else None
+        return CTCDataset(cache, texts, self.tokens, cmvn, self.conf.model.stack, global_stats,
+                          keep_too_short=split != "train",  # held-out error rates count every utterance
+                          augment=augment if augment and augment.enabled else None)
 
     # ---- model and checkpoints ---------------------------------------------------------------------------
     def build_model(self, input_dim: int) -> LSTMAcousticModel:
@@ -94,9 +100,18 @@ class Experiment:
         state["path"] = str(path)
         return state
 
-    def load_model(self, path: str | Path | None = None) -> tuple[LSTMAcousticModel, dict]:
+    def load_model(self, path: str | Path | None = None, average_last: int = 1) -> tuple[LSTMAcousticModel, dict]:
+        """The model of a checkpoint (default: the latest), or the average of the last `average_last` epochs'
+        weights (icefall's and ESPnet's practice: it smooths the epoch-to-epoch swings of a small corpus)."""
         state = self.load_checkpoint(path)
         model = self.build_model(self.cache("train").dim)
+        if path is None and average_last > 1:
+            found = self.checkpoints()[-average_last:]
+            if len(found) < average_last:
+                raise FileNotFoundError(f"{self.checkpoint_dir}: {len(found)} checkpoints, fewer than the "
+                                        f"{average_last} to average (decode.average_last)")
+            state["model"] = average_weights([self.load_checkpoint(p)["model"] for p in found])
+            state["averaged"] = [p.name for p in found]
         model.load_state_dict(state["model"])
         return model, state
 
@@ -109,3 +124,14 @@ def build_model(model_conf, input_dim: int, output_dim: int) -> LSTMAcousticMode
     return LSTMAcousticModel(input_dim, output_dim, layers=model_conf.layers, hidden=model_conf.hidden,
                              bidirectional=model_conf.bidirectional, bottleneck=model_conf.bottleneck,
                              dropout=model_conf.dropout, stack=model_conf.stack, packed=model_conf.packed)
+
+
+def average_weights(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of state dicts (floating tensors; others, such as counters, from the last)."""
+    out = {}
+    for key, last in states[-1].items():
+        if last.is_floating_point():
+            out[key] = (sum(s[key].double() for s in states) / len(states)).to(last.dtype)
+        else:
+            out[key] = last.clone()
+    return out

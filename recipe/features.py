@@ -46,6 +46,8 @@ def load_audio(u: Utterance, sample_rate: int) -> np.ndarray:
     wave = wave.mean(axis=1)
     if rate != sample_rate:
         wave = soxr.resample(wave, rate, sample_rate).astype(np.float32)
+    if u.speed != 1.0:  # sox's `speed`: played u.speed times faster, pitch and tempo together
+        wave = soxr.resample(wave, sample_rate * u.speed, sample_rate).astype(np.float32)
     return wave
 
 
@@ -73,7 +75,7 @@ def cache_key(utts: list[Utterance], conf: DictConfig, sample_rate: int) -> str:
     h = hashlib.sha1(json.dumps(OmegaConf.to_container(conf), sort_keys=True).encode())
     h.update(str(sample_rate).encode())
     for u in utts:
-        h.update(f"{u.utt} {u.audio} {u.start} {u.end}\n".encode())
+        h.update(f"{u.utt} {u.audio} {u.start} {u.end} {u.speed}\n".encode())
     return h.hexdigest()[:12]
 
 

@@ -3,20 +3,24 @@
     python -m recipe.prepare data     --exp EXP [--conf FILE] [key=value ...]
     python -m recipe.prepare features --exp EXP [--conf FILE] [key=value ...]
 
-Stage 1 synthesizes the built-in corpus (or reads the user's Kaldi data dirs), checks every utterance, writes
-clean data dirs and the token set into EXP/data. Stage 2 fills (or finds) the feature caches.
+Stage 1 synthesizes the built-in corpus (or reads the user's Kaldi data dirs, or prepares a public corpus from
+its local folder: recipe/corpora.py), checks every utterance, writes clean data dirs and the token set into
+EXP/data. Stage 2 fills (or finds) the feature caches, the training set at every speed-perturbation factor.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
 from pathlib import Path
 
 from comm import ProcessLayout, build_strategy
+from recipe.augment import speed_perturbed
 from recipe.config import ConfigError, load_config
+from recipe.corpora import prepare_corpus
 from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
 from recipe.ds_config import load_ds_config
 from recipe.features import extract_features
@@ -35,8 +39,12 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
                               sample_rate=d.sample_rate, num_workers=conf.features.num_workers)
             (corpus / ".done").touch()
         sources = {"train": corpus / "train", "test": corpus / "test"}
-    else:
+    elif conf.data.corpus == "kaldi":
         sources = {"train": Path(conf.data.train_dir), "test": Path(conf.data.test_dir)}
+    else:  # a public corpus from its local folder: prepared once per folder and held-out speakers
+        d = conf.data
+        key = hashlib.sha1(f"{Path(d.corpus_dir or '').resolve()}|{sorted(d.heldout_speakers)}".encode()).hexdigest()
+        sources = prepare_corpus(d.corpus, d.corpus_dir, work / f"{d.corpus}-{key[:10]}", d.heldout_speakers)
     summary, utts = {}, {}
     for split, src in sources.items():
         utts[split], skipped = load_data_dir(src, conf.data.max_utt_seconds)
@@ -55,6 +63,8 @@ def prepare_features(conf, exp: Path, work: Path) -> dict:
     where = {}
     for split in ("train", "test"):
         utts, _ = load_data_dir(exp / "data" / split)
+        if split == "train":
+            utts = speed_perturbed(utts, list(conf.augment.speed_perturb))
         where[split] = str(extract_features(utts, work, split, conf.features, conf.data.sample_rate))
     (exp / "features.json").write_text(json.dumps(where, indent=1))
     return {split: json.loads((Path(p) / "meta.json").read_text()) for split, p in where.items()}

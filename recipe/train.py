@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make
     if __name__ == "__main__" and not is_supervised():  # the learner runs in a child (recipe/supervisor.py)
         sys.exit(supervise(sys.argv))
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -189,7 +190,8 @@ def train(args) -> dict:
                 lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
                 for group in engine.optimizer.param_groups:
                     group["lr"] = lr
-                b = train_set.collate(batch)
+                # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume
+                b = train_set.collate(batch, np.random.default_rng([conf.train.seed, epoch, layout.rank, micro_step]))
                 t_step = time.perf_counter()
                 loss, applied = train_step(engine, strategy, b)
                 strategy.straggle(time.perf_counter() - t_step)

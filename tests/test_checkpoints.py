@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from recipe.experiment import Experiment
+from recipe.experiment import Experiment, average_weights
 
 
 def state(epoch: int) -> dict:
@@ -72,3 +72,15 @@ def test_checkpoints_never_unpickle_arbitrary_objects(tmp_path):
     torch.save({"epoch": 1, "evil": Experiment}, tmp_path / "checkpoints" / "epoch-001.pt")  # a class: pickled code
     with pytest.raises(Exception, match="Weights only load failed"):
         exp.load_checkpoint()
+
+
+def test_averaging_takes_the_element_wise_mean_of_float_weights_and_the_last_counters():
+    states = [{"w": torch.tensor([1.0, 10.0]), "steps": torch.tensor(5)},
+              {"w": torch.tensor([2.0, 20.0]), "steps": torch.tensor(6)},
+              {"w": torch.tensor([6.0, 30.0]), "steps": torch.tensor(7)}]
+    avg = average_weights(states)
+    assert torch.equal(avg["w"], torch.tensor([3.0, 20.0])) and avg["w"].dtype == torch.float32
+    assert int(avg["steps"]) == 7
+    half = average_weights([{"w": torch.tensor([1.0], dtype=torch.bfloat16)}, {"w": torch.tensor([2.0],
+                                                                                dtype=torch.bfloat16)}])
+    assert half["w"].dtype == torch.bfloat16 and float(half["w"]) == 1.5  # summed in float64, stored as saved

@@ -11,7 +11,7 @@ from tests.conftest import REPO, TINY, free_port
 def test_run_sh_trains_and_reports(tmp_path):
     exp = tmp_path / "exp"
     cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "2",
-           "--master-port", str(free_port()), *TINY, "train.epochs=4"]
+           "--master-port", str(free_port()), *TINY, "train.epochs=4", "decode.average_last=2"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
@@ -22,6 +22,8 @@ def test_run_sh_trains_and_reports(tmp_path):
     metrics = json.loads((exp / "metrics.json").read_text())
     assert metrics["learners"] == 2 and metrics["strategy"] == "sync" and metrics["train_frames_per_s"] > 0
     assert len((exp / "decode" / "hyp.txt").read_text().splitlines()) == metrics["test_utterances"]
+    scores = json.loads((exp / "decode" / "scores.json").read_text())
+    assert scores["averaged"] == ["epoch-003.pt", "epoch-004.pt"]  # the decode stage averages the last two
     assert (exp / "report.png").stat().st_size > 10_000
     assert "held-out CER" in out.stdout  # the report table
     for n in range(1, 5):
