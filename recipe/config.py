@@ -31,6 +31,7 @@ class DataConf:
     test_dir: Optional[str] = None
     corpus_dir: Optional[str] = None  # a public corpus's local folder, in its distribution layout
     heldout_speakers: List[str] = field(default_factory=list)  # their recordings are the test set (fsdd)
+    mix_synth: int = 0  # synthesized utterances (the built-in corpus's voices) added to a real training set
     sample_rate: int = 16000  # audio is resampled to this rate
     synth_train: int = 3000  # utterances in the synthesized training set
     synth_test: int = 300  # utterances in the synthesized held-out set
@@ -148,6 +149,8 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+    if cfg.data.mix_synth and cfg.data.corpus == "synth":
+        raise ConfigError("data.mix_synth adds synthesized speech to a real corpus; data.corpus is synth already")
     if cfg.data.corpus == "kaldi" and not (cfg.data.train_dir and cfg.data.test_dir):
         raise ConfigError("data.corpus=kaldi needs data.train_dir and data.test_dir (run.sh --train-dir/--test-dir)")
     for key in ("model.layers", "model.hidden", "model.stack", "train.epochs", "features.n_mels", "optim.base_batch"):

@@ -28,27 +28,40 @@ from recipe.features import extract_features
 log = logging.getLogger("recipe.prepare")
 
 
-def prepare_data(conf, exp: Path, work: Path) -> dict:
-    if conf.data.corpus == "synth":
-        from recipe.synth import synthesize_corpus
+def synthesized(conf, work: Path, n_train: int, n_test: int) -> Path:
+    """The built-in corpus of that size (synthesized once, then found by its name)."""
+    from recipe.synth import synthesize_corpus
 
-        d = conf.data
-        corpus = work / f"synth-{d.synth_train}-{d.synth_test}-seed{d.synth_seed}-{d.sample_rate}"
-        if not (corpus / ".done").is_file():
-            synthesize_corpus(corpus, n_train=d.synth_train, n_test=d.synth_test, seed=d.synth_seed,
-                              sample_rate=d.sample_rate, num_workers=conf.features.num_workers)
-            (corpus / ".done").touch()
+    d = conf.data
+    corpus = work / f"synth-{n_train}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
+    if not (corpus / ".done").is_file():
+        synthesize_corpus(corpus, n_train=n_train, n_test=n_test, seed=d.synth_seed, sample_rate=d.sample_rate,
+                          num_workers=conf.features.num_workers)
+        (corpus / ".done").touch()
+    return corpus
+
+
+def prepare_data(conf, exp: Path, work: Path) -> dict:
+    d = conf.data
+    if d.corpus == "synth":
+        corpus = synthesized(conf, work, d.synth_train, d.synth_test)
         sources = {"train": corpus / "train", "test": corpus / "test"}
-    elif conf.data.corpus == "kaldi":
-        sources = {"train": Path(conf.data.train_dir), "test": Path(conf.data.test_dir)}
+    elif d.corpus == "kaldi":
+        sources = {"train": Path(d.train_dir), "test": Path(d.test_dir)}
     else:  # a public corpus from its local folder: prepared once per folder and held-out speakers
-        d = conf.data
         key = hashlib.sha1(f"{Path(d.corpus_dir or '').resolve()}|{sorted(d.heldout_speakers)}".encode()).hexdigest()
         sources = prepare_corpus(d.corpus, d.corpus_dir, work / f"{d.corpus}-{key[:10]}", d.heldout_speakers)
     summary, utts = {}, {}
     for split, src in sources.items():
-        utts[split], skipped = load_data_dir(src, conf.data.max_utt_seconds)
+        utts[split], skipped = load_data_dir(src, d.max_utt_seconds)
         summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
+    if d.mix_synth:  # the built-in corpus's many voices added to a real corpus's training set
+        mixed, _ = load_data_dir(synthesized(conf, work, d.mix_synth, 0) / "train", d.max_utt_seconds)
+        clash = sorted({u.utt for u in mixed} & {u.utt for u in utts["train"]})
+        if clash:
+            raise DataError(f"data.mix_synth: utterance ids {clash[:3]} are both synthesized and in {sources['train']}")
+        utts["train"] = sorted(utts["train"] + mixed, key=lambda u: u.utt)
+        summary["train"]["mixed_synth"] = len(mixed)
     tokens = build_tokens(utts["train"])
     check_tokens(utts["test"], tokens, sources["test"] / "text")
     for split in sources:

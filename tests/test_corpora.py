@@ -68,3 +68,16 @@ def test_stage_1_prepares_fsdd_from_the_config(tmp_path):
     assert (exp / "data" / "tokens.txt").read_text().split("\n")[1:-1] == sorted(set("threeseven"))
     assert len((exp / "data" / "test" / "text").read_text().splitlines()) == 12
     assert prepare(["data", "--exp", str(exp), "data.corpus=fsdd", f"data.corpus_dir={tmp_path / 'none'}"]) == 2
+
+
+def test_synthesized_voices_can_be_mixed_into_a_real_training_set_only(tmp_path):
+    corpus = make_fsdd(tmp_path / "fsdd")
+    exp = tmp_path / "exp"
+    assert prepare(["data", "--exp", str(exp), "data.corpus=fsdd", f"data.corpus_dir={corpus}",
+                    "data.heldout_speakers=[theo]", "data.sample_rate=8000", "data.mix_synth=6"]) == 0
+    train, _ = load_data_dir(exp / "data" / "train")
+    test, _ = load_data_dir(exp / "data" / "test")
+    synthesized = [u for u in train if "-train0000" in u.utt]
+    assert len(train) == 12 + 6 and len(synthesized) == 6 and len(test) == 12  # the test set stays real
+    assert [u.utt for u in train] == sorted(u.utt for u in train)
+    assert prepare(["data", "--exp", str(tmp_path / "e2"), "data.mix_synth=6"]) == 2  # synth into synth: refused
