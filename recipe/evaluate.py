@@ -1,8 +1,14 @@
-"""Held-out evaluation: CTC loss, greedy decoding, CER and WER (jiwer), summable across learners.
+"""Held-out evaluation: CTC loss, decoding, CER and WER (jiwer), summable across learners.
 
-Used after every epoch by the training loop (each learner scores a share of the held-out set and the totals
-are summed over the world) and by the recipe's evaluation stage on the final model (one process, all of it,
-with per-utterance hypotheses written out).
+Used after every epoch by the training loop (greedy decoding; each learner scores a share of the held-out set
+and the totals are summed over the world) and by the recipe's decode stage on the final model (one process,
+all of it, the weights averaged over the last epochs if configured, greedy and then the configured beam search
+with its word LM; per-utterance hypotheses written out):
+
+    python -m recipe.evaluate --exp EXP [--out decode] [decode.key=value ...]
+
+The overrides change the decode settings of EXP/conf.yaml for this call only: an LM weight sweep needs no
+retraining (each setting to its own --out folder).
 """
 
 from __future__ import annotations
@@ -10,13 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import jiwer
 import torch
+from omegaconf import OmegaConf
 
 from model.lstm import ctc_loss
+from recipe.config import load_config
+from recipe.data import read_table
 from recipe.dataset import BucketBatchSampler, CTCDataset
+from recipe.decode import beam_decode
+from recipe.ngram import NgramLM
 
 TOTAL_KEYS = ("loss_sum", "tokens", "char_errors", "chars", "word_errors", "words", "utterances")
 
@@ -43,8 +57,9 @@ def error_counts(refs: list[str], hyps: list[str]) -> dict[str, int]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]], tokens: list[str]):
-    """-> (totals summable over shards, [(utt, ref, hyp)])."""
+def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]], tokens: list[str],
+             decode: Callable[[torch.Tensor, torch.Tensor, list[str]], list[str]] = greedy_decode):
+    """-> (totals summable over shards, [(utt, ref, hyp)]). decode(logits, lengths, tokens) -> hypotheses."""
     was_training = model.training
     model.eval()
     totals = dict.fromkeys(TOTAL_KEYS, 0.0)
@@ -59,7 +74,7 @@ def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]],
         scorable = torch.tensor([data.scorable[k] for k in batch])  # too short for CTC: decoded, not scored
         totals["loss_sum"] += float(losses.cpu()[scorable].sum())
         totals["tokens"] += int(b["target_lengths"][scorable].sum())
-        hyps = greedy_decode(logits.float().cpu(), out_lengths.cpu(), tokens)
+        hyps = decode(logits.float().cpu(), out_lengths.cpu(), tokens)
         refs = [data.texts[k] for k in batch]
         for key, value in error_counts(refs, hyps).items():
             totals[key] += value
@@ -75,27 +90,52 @@ def rates(totals: dict) -> dict[str, float]:
             "wer": totals["word_errors"] / max(totals["words"], 1)}
 
 
+def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
+    """The configured beam search (None: greedy); its LM, trained on the training transcripts, saved as ARPA."""
+    if not conf.beam:
+        return None
+    lm = None
+    if conf.lm_order:
+        texts = [text for text, _ in read_table(train_text).values()]
+        lm = NgramLM.train(texts, order=conf.lm_order)
+        lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder
+    return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus)
+
+
 def main(argv=None) -> int:
-    """Recipe stage: decode the held-out set with the final checkpoint; write hypotheses and scores."""
+    """Recipe stage: decode the held-out set with the final model; write hypotheses and scores."""
     from recipe.experiment import Experiment
 
-    p = argparse.ArgumentParser(description=main.__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)
-    p.add_argument("--checkpoint", default=None, help="default: the latest in EXP/checkpoints")
+    p.add_argument("--checkpoint", default=None, help="default: the latest in EXP/checkpoints (averaged over the "
+                                                      "last decode.average_last)")
+    p.add_argument("--out", default="decode", help="folder under EXP for the results (default: decode)")
+    p.add_argument("overrides", nargs="*", help="decode.key=value over EXP/conf.yaml's decode section")
     args = p.parse_args(argv)
     exp = Experiment(args.exp)
-    model, meta = exp.load_model(args.checkpoint, average_last=exp.conf.decode.average_last)
+    bad = [o for o in args.overrides if not o.startswith("decode.")]
+    if bad:
+        raise SystemExit(f"evaluate: only decode.* settings can change after training, not {bad}")
+    conf = load_config(exp.root / "conf.yaml", args.overrides)
+    out = exp.root / args.out
+    out.mkdir(exist_ok=True)
+    model, meta = exp.load_model(args.checkpoint, average_last=conf.decode.average_last)
     data = exp.dataset("test")
     batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
     totals, decoded = evaluate(model, data, batches, exp.tokens)
-    scores = rates(totals)
-    out = Path(args.exp) / "decode"
-    out.mkdir(exist_ok=True)
+    result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", []),
+              "utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
+              "decode": OmegaConf.to_container(conf.decode)}
+    beam = beam_decoder(conf.decode, exp.data_dir("train") / "text", out)
+    if beam is not None:
+        t0 = time.perf_counter()
+        totals, decoded = evaluate(model, data, batches, exp.tokens, decode=beam)
+        result["beam_seconds"] = time.perf_counter() - t0
+    result.update(rates(totals))  # the configured decoder's scores
     decoded.sort()
     (out / "hyp.txt").write_text("".join(f"{u} {h}\n" for u, _, h in decoded))
     (out / "ref.txt").write_text("".join(f"{u} {r}\n" for u, r, _ in decoded))
-    result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", []),
-              "utterances": len(decoded), **scores}
     (out / "scores.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0

@@ -102,14 +102,12 @@ class Experiment:
 
     def load_model(self, path: str | Path | None = None, average_last: int = 1) -> tuple[LSTMAcousticModel, dict]:
         """The model of a checkpoint (default: the latest), or the average of the last `average_last` epochs'
-        weights (icefall's and ESPnet's practice: it smooths the epoch-to-epoch swings of a small corpus)."""
+        weights, or of all there are if fewer (icefall's and ESPnet's practice: it smooths the epoch-to-epoch
+        swings of a small corpus)."""
         state = self.load_checkpoint(path)
         model = self.build_model(self.cache("train").dim)
-        if path is None and average_last > 1:
-            found = self.checkpoints()[-average_last:]
-            if len(found) < average_last:
-                raise FileNotFoundError(f"{self.checkpoint_dir}: {len(found)} checkpoints, fewer than the "
-                                        f"{average_last} to average (decode.average_last)")
+        found = self.checkpoints()[-average_last:]
+        if path is None and len(found) > 1:
             state["model"] = average_weights([self.load_checkpoint(p)["model"] for p in found])
             state["averaged"] = [p.name for p in found]
         model.load_state_dict(state["model"])

@@ -24,6 +24,15 @@ def test_run_sh_trains_and_reports(tmp_path):
     assert len((exp / "decode" / "hyp.txt").read_text().splitlines()) == metrics["test_utterances"]
     scores = json.loads((exp / "decode" / "scores.json").read_text())
     assert scores["averaged"] == ["epoch-003.pt", "epoch-004.pt"]  # the decode stage averages the last two
+    # beam search with the word LM of the training transcripts, beside the greedy scores
+    assert scores["decode"]["beam"] > 0 and scores["decode"]["lm_order"] > 0 and "greedy_wer" in scores
+    assert (exp / "decode" / "lm.arpa").read_text().startswith("\\data\\")
+    # decode settings change after training without retraining; nothing else does
+    evaluate = [str(REPO / ".venv" / "bin" / "python"), "-m", "recipe.evaluate", "--exp", str(exp), "--out", "w2"]
+    assert subprocess.run(evaluate + ["decode.lm_weight=2.0"], cwd=REPO, capture_output=True).returncode == 0
+    assert json.loads((exp / "w2" / "scores.json").read_text())["decode"]["lm_weight"] == 2.0
+    refused = subprocess.run(evaluate + ["train.epochs=3"], cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode != 0 and "only decode.* settings" in refused.stderr
     assert (exp / "report.png").stat().st_size > 10_000
     assert "held-out CER" in out.stdout  # the report table
     for n in range(1, 5):

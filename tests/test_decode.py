@@ -1,0 +1,215 @@
+"""CTC prefix beam search (recipe/decode.py) and the Kneser-Ney word n-gram LM (recipe/ngram.py).
+
+The decoding cases are small enough to work by hand; the comments give the arithmetic.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recipe.decode import beam_decode, beam_search
+from recipe.evaluate import greedy_decode
+from recipe.ngram import EOS, NgramLM
+
+AB = ["<blank>", "a", "b"]
+
+
+def frames(*probs):
+    """Per-frame probabilities -> (T, V) natural-log probabilities."""
+    return np.log(np.array(probs, dtype=np.float64))
+
+
+def greedy(lp, tokens):
+    return greedy_decode(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), tokens)[0]
+
+
+def labelling_probs(lp, tokens):
+    """Brute force: sum the probability of every frame path into the labelling it collapses to."""
+    totals = {}
+    for path in itertools.product(range(lp.shape[1]), repeat=len(lp)):
+        labels = [c for i, c in enumerate(path) if c != 0 and (i == 0 or c != path[i - 1])]
+        text = "".join(tokens[c] for c in labels)
+        totals[text] = totals.get(text, 0.0) + math.exp(sum(lp[t, c] for t, c in enumerate(path)))
+    return totals
+
+
+def test_summing_paths_beats_best_path():
+    # Three frames, each blank .5, a .4, b .1. Best path: blank blank blank (.5^3 = .125) -> "".
+    # P("a") sums the six paths a__ _a_ __a (.4*.5*.5 = .1 each), aa_ _aa (.4*.4*.5 = .08 each), aaa (.064):
+    # .3 + .16 + .064 = .524 > 1/2, so "a" is the most probable labelling, although no path to it is the best.
+    lp = frames(*[[0.5, 0.4, 0.1]] * 3)
+    assert greedy(lp, AB) == ""
+    probs = labelling_probs(lp, AB)
+    assert probs["a"] == pytest.approx(0.524) and probs[""] == pytest.approx(0.125)
+    assert beam_search(lp, AB, beam=4) == "a"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_wide_beam_finds_the_most_probable_labelling(seed):
+    # 4 frames, 2 labels: at most 1 + 2 + 4 + 8 + 16 prefixes, so a beam of 32 never prunes and must be exact.
+    lp = np.log(np.random.default_rng(seed).dirichlet(np.ones(3), size=4))
+    probs = labelling_probs(lp, AB)
+    assert beam_search(lp, AB, beam=32) == max(probs, key=probs.get)
+
+
+def test_beam_of_one_is_not_best_path():
+    # Frame 1: blank .35, a .4, b .25; frame 2: blank .3, a .3, b .4. Best path a,b (.16) -> "ab".
+    # Beam 1 keeps "a" (.4) after frame 1; at frame 2 "a" has a_ + aa = .12 + .12 = .24 against "ab" .16,
+    # so it answers "a", which is in fact the most probable labelling: a_ + aa + _a = .24 + .105 = .345.
+    lp = frames([0.35, 0.4, 0.25], [0.3, 0.3, 0.4])
+    assert greedy(lp, AB) == "ab"
+    assert beam_search(lp, AB, beam=1) == "a"
+    probs = labelling_probs(lp, AB)
+    assert max(probs, key=probs.get) == "a" and probs["a"] == pytest.approx(0.345)
+
+
+CHARS = ["<blank>", " ", "a", "b", "c", "t"]
+
+
+def spelt(text, last=None):
+    """One frame per character at .95 (.01 for each other token); ``last``: the final frame's probabilities."""
+    rows = []
+    for ch in text:
+        row = np.full(len(CHARS), 0.01)
+        row[CHARS.index(ch)] = 0.95
+        rows.append(row)
+    if last is not None:
+        rows.append([last.get(t, 1e-4) for t in CHARS])  # (normalised by the decoder's log-softmax)
+    return np.log(np.array(rows))
+
+
+def test_lm_flips_an_acoustically_close_pair():
+    # "a ca" then a frame with b .5, t .4, blank .1: acoustically "a cab" beats "a cat" by ln(.5/.4) = 0.22.
+    # An LM that has seen "cat" after "a" but never "cab" (an unknown word) prefers "a cat" by far more than
+    # that, so at weight 1 the answer flips; at weight 0 the LM is ignored.
+    lp = spelt("a ca", {"b": 0.5, "t": 0.4, "<blank>": 0.1})
+    lm = NgramLM.train(["a cat", "the cat sat", "a cat sat on a mat"], order=2)
+    assert lm.sentence_score("a cat") - lm.sentence_score("a cab") > math.log(0.5 / 0.4)
+    assert greedy(lp, CHARS) == "a cab"
+    assert beam_search(lp, CHARS, beam=8) == "a cab"
+    assert beam_search(lp, CHARS, beam=8, lm=lm, lm_weight=0.0) == "a cab"
+    assert beam_search(lp, CHARS, beam=8, lm=lm, lm_weight=1.0) == "a cat"
+    # The same acoustics with an LM that knows "cab" instead: no flip.
+    cab = NgramLM.train(["a cab", "the cab sat"], order=2)
+    assert beam_search(lp, CHARS, beam=8, lm=cab, lm_weight=1.0) == "a cab"
+
+
+def test_word_bonus_trades_against_the_lm():
+    # "a", a space, then a frame that is "b" .5 / blank .5: acoustically "a" and "a b" are equal (to within the
+    # .01-probability paths). The LM prefers "a" by 0.757 nats, so one word's bonus of 0.5 leaves "a" and one
+    # of 1.0 gives "a b".
+    lp = spelt("a ", {"b": 0.5, "<blank>": 0.5})
+    lm = NgramLM.train(["a", "a b"], order=2)
+    assert lm.sentence_score("a") - lm.sentence_score("a b") == pytest.approx(0.757, abs=1e-3)
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=1.0, word_bonus=0.0) == "a"
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=1.0, word_bonus=0.5) == "a"
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=1.0, word_bonus=1.0) == "a b"
+
+
+def test_pruning_counts_completed_words_lm_score():
+    # Frames: c, a, then b .6 / t .3 / blank .1, then space .6 / blank .4. After the last frame the best prefixes
+    # are "cab " (.6 * .6 = .36), "cab" (.6 * .4 = .24, its word not yet scored), "cat " (.18), "cat" (.12).
+    # LM from "cat" x4: p(cat | <s>) = .927 (ln -0.076), p(<unk> | <s>) = .021 (ln -3.87). By total score the
+    # 2-best are "cab" (-1.43) and "cat " (ln .18 - 0.076 = -1.79), not "cab " (ln .36 - 3.87 = -4.89); pruning
+    # on the acoustic score alone would keep "cab " and "cab" and could only answer "cab".
+    lp = spelt("ca", {"b": 0.6, "t": 0.3, "<blank>": 0.1})
+    lp = np.concatenate([lp, np.log([[0.4, 0.6, 1e-4, 1e-4, 1e-4, 1e-4]])])
+    lm = NgramLM.train(["cat"] * 4, order=2)
+    assert math.exp(lm.score([], "cat")) == pytest.approx(0.927, abs=1e-3)
+    assert beam_search(lp, CHARS, beam=2) == "cab"
+    assert beam_search(lp, CHARS, beam=2, lm=lm, lm_weight=1.0) == "cat"
+
+
+def test_prefixes_differing_only_in_spaces_add_up():
+    # Two frames, each blank .35, space .35, a .3. Normalised outputs: "" from "" (__ .1225) and " " (s_ _s ss,
+    # 3 x .1225); "a" from "a" (a_ _a aa: .105 + .105 + .09), " a" (.105) and "a " (.105). So P("") = .49 and
+    # P("a") = .51: "a", although the single most probable prefix is " " (.3675 against "a"'s .3).
+    lp = frames(*[[0.35, 0.35, 0.3]] * 2)
+    assert beam_search(lp, ["<blank>", " ", "a"], beam=8) == "a"
+
+
+def test_batch_matches_single_and_accepts_torch_logits():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 12, len(CHARS))) * 3  # raw scores: normalised inside
+    lengths = [12, 7, 0]
+    lm = NgramLM.train(["a cat", "a bat"], order=3)
+    batch = beam_decode(torch.tensor(logits, dtype=torch.float32), torch.tensor(lengths), CHARS, beam=6, lm=lm)
+    single = [beam_search(logits[b, :n], CHARS, beam=6, lm=lm) for b, n in enumerate(lengths)]
+    assert batch == single and batch[2] == ""
+    for text in batch:
+        assert text == " ".join(text.split())
+
+
+def test_decoding_is_deterministic():
+    logits = np.random.default_rng(1).normal(size=(40, len(CHARS)))
+    lm = NgramLM.train(["a cat", "a bat sat", "the cat"], order=3)
+    runs = {beam_search(logits, CHARS, beam=8, lm=lm, lm_weight=0.7, word_bonus=0.5) for _ in range(3)}
+    assert len(runs) == 1
+
+
+# --- the language model ---
+
+def test_kneser_ney_by_hand():
+    # Sentences "<s> a b </s>", "<s> a c </s>", bigram model.
+    # Bigram counts: <s> a 2, a b 1, a c 1, b </s> 1, c </s> 1 -> n1 = 4, n2 = 1, D2 = 4 / (4 + 2) = 2/3.
+    # Unigram continuation counts (distinct left words): a 1 (<s>), b 1, c 1, </s> 2 (b, c); total 5,
+    # n1 = 3, n2 = 1 -> D1 = 3/5; 4 words seen; uniform over {a, b, c, </s>, <unk>}: (3/5 * 4 / 5) / 5 = .096.
+    # p(a) = (1 - .6) / 5 + .096 = .176 (= p(b) = p(c)); p(</s>) = 1.4 / 5 + .096 = .376; p(<unk>) = .096.
+    # After "a": 2 counts of 2 types, gamma = 2/3 * 2 / 2 = 2/3: p(b | a) = (1 - 2/3) / 2 + 2/3 * .176 = .284,
+    # p(</s> | a) = 2/3 * .376 = .250667; after <s>: p(a | <s>) = (2 - 2/3) / 2 + 1/3 * .176 = .725333.
+    lm = NgramLM.train(["a b", "a c"], order=2)
+    p = lambda h, w: math.exp(lm.score(h, w))  # noqa: E731
+    assert p([], "a") == pytest.approx(0.725333, abs=1e-6)
+    assert p(["a"], "b") == pytest.approx(0.284)
+    assert p(["a"], EOS) == pytest.approx(0.250667, abs=1e-6)
+    assert p(["zebra"], "b") == pytest.approx(0.176)  # unseen history: the unigram
+    assert p(["a"], "zebra") == p(["a"], "<unk>") == pytest.approx(2 / 3 * 0.096)
+    assert p(["a"], "b") > p(["c"], "b")  # seen bigram over unseen, same word
+
+
+CORPUS = ["the cat sat on the mat", "a cat sat", "the dog sat on a log", "a dog", "the cat ate the rat",
+          "Dogs ran", "the the cat"]
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_distributions_sum_to_one(order):
+    lm = NgramLM.train(CORPUS, order=order)
+    assert "<s>" not in lm.vocab and {"</s>", "<unk>", "Dogs"} <= set(lm.vocab)
+    for history in [[], ["the"], ["the", "cat"], ["cat", "sat", "on"], ["unseen"], ["a", "unseen"], ["rat"]]:
+        total = sum(math.exp(lm.score(history, w)) for w in lm.vocab)
+        assert total == pytest.approx(1.0, abs=1e-9), history
+
+
+def test_seen_ngrams_score_higher():
+    lm = NgramLM.train(CORPUS, order=3)
+    assert lm.score(["the"], "cat") > lm.score(["a"], "mat")
+    assert lm.score(["cat"], "sat") > lm.score(["cat"], "on")
+    assert lm.score(["the", "cat"], "sat") > lm.score(["a", "dog"], "sat")
+    assert lm.score(["the"], "cat") > lm.score(["the"], "unseen")
+
+
+def test_arpa_round_trip_and_determinism(tmp_path):
+    lm = NgramLM.train(CORPUS, order=3)
+    lm.save_arpa(tmp_path / "lm.arpa")
+    NgramLM.train(list(CORPUS), order=3).save_arpa(tmp_path / "again.arpa")
+    text = (tmp_path / "lm.arpa").read_text()
+    assert text == (tmp_path / "again.arpa").read_text()
+    assert text.startswith("\\data\\\nngram 1=") and text.rstrip().endswith("\\end\\")
+    back = NgramLM.load_arpa(tmp_path / "lm.arpa")
+    assert back.order == 3 and back.logp == lm.logp and back.bow == lm.bow
+    for history in [[], ["the"], ["the", "cat"], ["on", "a"], ["unseen", "cat"]]:
+        for w in lm.vocab + ["unseen"]:
+            assert back.score(history, w) == lm.score(history, w)
+    assert back.sentence_score("the cat sat on a mat") == lm.sentence_score("the cat sat on a mat")
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError):
+        NgramLM.train([], order=2)
+    with pytest.raises(ValueError):
+        NgramLM.train(["a"], order=0)
+    with pytest.raises(ValueError):
+        beam_search(frames([0.5, 0.4, 0.1]), AB, beam=0)
