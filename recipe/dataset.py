@@ -51,8 +51,8 @@ class CTCDataset:
                 log.warning("utterance %s: %d frames are too few for its %d-token transcript at stack %d: %s",
                             utt, cache.frames[i], len(target), stack,
                             "decoded, not in the loss" if keep_too_short else "skipped")
-                self.skipped["too_short_for_ctc"] += 1
                 if not keep_too_short:
+                    self.skipped["too_short_for_ctc"] += 1
                     continue
             self.items.append(i)
             self.targets.append(target)

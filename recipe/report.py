@@ -79,7 +79,11 @@ def main(argv=None) -> int:
     scores = exp / "decode" / "scores.json"
     if scores.is_file():
         s = json.loads(scores.read_text())
-        rows.append(("decode stage CER / WER", f"{100 * s['cer']:.2f}% / {100 * s['wer']:.2f}% (epoch {s['epoch']})"))
+        how = f"beam {s['decode']['beam']}, LM order {s['decode']['lm_order']}" if s["decode"]["beam"] else "greedy"
+        rows.append(("decode stage CER / WER", f"{100 * s['cer']:.2f}% / {100 * s['wer']:.2f}% ({how})"))
+        rows.append(("  greedy, same weights", f"{100 * s['greedy_cer']:.2f}% / {100 * s['greedy_wer']:.2f}%"))
+        if s["averaged"]:
+            rows.append(("  weights averaged over", ", ".join(s["averaged"])))
     prep = exp / "data" / "prep.json"
     if prep.is_file():
         for split, info in json.loads(prep.read_text()).items():

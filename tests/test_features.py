@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import soundfile
 from omegaconf import OmegaConf
 
+from model.lstm import LSTMAcousticModel
 from recipe.config import FeatureConf
 from recipe.data import load_data_dir
 from recipe.dataset import BucketBatchSampler, CTCDataset
+from recipe.evaluate import evaluate
 from recipe.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
 from tests.test_data import make_dir
 
@@ -80,6 +83,15 @@ def test_too_short_for_ctc_is_skipped_and_counted(tmp_path):
     data = CTCDataset(cache, {u.utt: u.text for u in utts}, ["<blank>", " ", "a", "b"], "none", stack=1)
     # 8 frames: enough for 5 tokens, not for 14 tokens with 6 repeats needing blanks in between
     assert [data.utt(k) for k in range(len(data))] == ["s-a"] and data.skipped == {"too_short_for_ctc": 1}
+    # a held-out set keeps it: decoded and counted in the error rates, left out of the loss
+    tokens = ["<blank>", " ", "a", "b"]
+    held_out = CTCDataset(cache, {u.utt: u.text for u in utts}, tokens, "none", stack=1, keep_too_short=True)
+    assert len(held_out) == 2 and held_out.scorable == [True, False] and not held_out.skipped
+    model = LSTMAcousticModel(cache.dim, len(tokens), layers=1, hidden=8)
+    both, decoded = evaluate(model, held_out, [[0, 1]], tokens)
+    alone, _ = evaluate(model, held_out, [[0]], tokens)
+    assert both["loss_sum"] == pytest.approx(alone["loss_sum"]) and both["tokens"] == alone["tokens"] == 5
+    assert both["utterances"] == 2 and both["words"] == 6 and len(decoded) == 2
 
 
 def test_sampler_shards_by_global_rank():
