@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import soundfile
 from omegaconf import OmegaConf
 
 from recipe.augment import SpecAugment, source_utt, speed_perturbed, time_warp
 from recipe.config import AugmentConf, ConfigError, FeatureConf, load_config
-from recipe.data import load_data_dir
 from recipe.features import load_audio
+from tests.test_features import tone_utterance
 
 MASKS = OmegaConf.merge(OmegaConf.structured(AugmentConf),
                         {"freq_masks": 2, "freq_mask_width": 5, "time_masks": 2, "time_mask_width": 10})
@@ -68,14 +67,7 @@ def test_disabled_augmentation_says_so():
 
 
 def test_speed_perturbation_names_copies_kaldi_style_and_changes_the_length(tmp_path):
-    t = np.arange(16000) / 16000
-    soundfile.write(tmp_path / "a.wav", 0.3 * np.sin(2 * np.pi * 440 * t), 16000)
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "wav.scp").write_text(f"spk1-u1 {tmp_path / 'a.wav'}\n")
-    (tmp_path / "d" / "text").write_text("spk1-u1 la\n")
-    (tmp_path / "d" / "utt2spk").write_text("spk1-u1 spk1\n")
-    utts, _ = load_data_dir(tmp_path / "d")
-    copies = speed_perturbed(utts, [0.9, 1.0, 1.1])
+    copies = speed_perturbed([tone_utterance(tmp_path, 16000, "spk1-u1", "spk1")], [0.9, 1.0, 1.1])
     assert [(u.utt, u.speaker, u.speed) for u in copies] == [
         ("sp0.9-spk1-u1", "sp0.9-spk1", 0.9), ("spk1-u1", "spk1", 1.0), ("sp1.1-spk1-u1", "sp1.1-spk1", 1.1)]
     assert [source_utt(u.utt) for u in copies] == ["spk1-u1"] * 3

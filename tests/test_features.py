@@ -28,13 +28,20 @@ def test_shapes_follow_window_and_shift():
     assert compute_features(wave[:399], 16000, CONF).shape == (0, 120)  # shorter than one window
 
 
+def tone_utterance(root, rate: int, utt: str = "u", speaker: str | None = None):
+    """One second of a 440 Hz tone at `rate`, as the only utterance of a data dir -> its Utterance."""
+    t = np.arange(rate) / rate
+    soundfile.write(root / "tone.wav", 0.3 * np.sin(2 * np.pi * 440 * t), rate)
+    (root / "d").mkdir()
+    (root / "d" / "wav.scp").write_text(f"{utt} {root / 'tone.wav'}\n")
+    (root / "d" / "text").write_text(f"{utt} la\n")
+    if speaker:
+        (root / "d" / "utt2spk").write_text(f"{utt} {speaker}\n")
+    return load_data_dir(root / "d")[0][0]
+
+
 def test_audio_at_any_rate_is_resampled(tmp_path):
-    t = np.arange(8000) / 8000
-    soundfile.write(tmp_path / "a8k.wav", 0.3 * np.sin(2 * np.pi * 440 * t), 8000)
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "wav.scp").write_text(f"u {tmp_path / 'a8k.wav'}\n")
-    (tmp_path / "d" / "text").write_text("u la\n")
-    utt = load_data_dir(tmp_path / "d")[0][0]
+    utt = tone_utterance(tmp_path, 8000)
     wave = load_audio(utt, 16000)
     assert len(wave) == 16000
     spectrum = np.abs(np.fft.rfft(wave))
