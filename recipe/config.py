@@ -31,6 +31,18 @@ class DataConf:
     test_dir: Optional[str] = None
     corpus_dir: Optional[str] = None  # a public corpus's local folder, in its distribution layout
     heldout_speakers: List[str] = field(default_factory=list)  # their recordings are the test set (fsdd)
+    train_sets: List[str] = field(default_factory=list)  # a corpus's subsets for training (librispeech: train-clean-100)
+    test_sets: List[str] = field(default_factory=list)  # ... and for the held-out set (librispeech: test-clean)
+    # frame targets for the CE objective (train.objective=ce): Kaldi alignments (`ali-to-pdf` text, or .scp/.ark);
+    # unset: the data dir's ali.txt (the built-in corpus writes its own from espeak-ng's phoneme timings)
+    train_ali: Optional[str] = None
+    test_ali: Optional[str] = None
+    ali_tolerance: int = 2  # frames an alignment may differ from its features (cut or last target repeated)
+    # speaker vectors (Kaldi i-vectors, .scp/.ark or text), keyed by utterance or by speaker, appended to every frame
+    train_ivectors: Optional[str] = None
+    test_ivectors: Optional[str] = None
+    chunk_frames: int = 21  # CE trains and scores non-overlapping chunks of this many frames (the paper's 21)
+    on_bad_utterance: str = "error"  # error: stop before training, naming it; skip: leave it out and count it
     mix_synth: int = 0  # synthesized utterances (the built-in corpus's voices) added to a real training set
     sample_rate: int = 16000  # audio is resampled to this rate
     synth_train: int = 3000  # utterances in the synthesized training set
@@ -90,6 +102,7 @@ class OptimConf:
 
 @dataclass
 class TrainConf:
+    objective: str = "ctc"  # ctc: character targets, whole utterances; ce: frame targets (alignments), chunks
     epochs: int = 6
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
@@ -123,6 +136,8 @@ class RecipeConf:
 
 CHOICES = {
     "data.corpus": ("synth", "kaldi", *PREPARERS),
+    "data.on_bad_utterance": ("error", "skip"),
+    "train.objective": ("ctc", "ce"),
     "features.cmvn": ("global", "speaker", "utterance", "none"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
