@@ -33,7 +33,7 @@ def synthesized(conf, work: Path, n_train: int, n_test: int) -> Path:
     from recipe.synth import synthesize_corpus
 
     d = conf.data
-    corpus = work / f"synth-{n_train}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
+    corpus = work / f"synth-v2-{n_train}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
     if not (corpus / ".done").is_file():
         synthesize_corpus(corpus, n_train=n_train, n_test=n_test, seed=d.synth_seed, sample_rate=d.sample_rate,
                           num_workers=conf.features.num_workers)
