@@ -63,5 +63,11 @@ def ctc_loss(logits: torch.Tensor, out_lengths: torch.Tensor, targets: torch.Ten
     return total / target_lengths.sum().clamp(min=1) if reduction == "mean" else total
 
 
+def frame_ce_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The paper's frame-level cross entropy: logits (B, T, V), targets (B, T) with -100 on padding.
+    'mean': per target frame; 'sum': summed."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction=reduction)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -61,14 +61,14 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     if arm == "recipe":
         init_distributed()
         strategy = build_strategy(comm_conf, ProcessLayout.from_env())
-        engine = build_engine(exp, conf, engine_conf, strategy, data.cache.dim, micro * world)
+        engine = build_engine(exp, conf, engine_conf, strategy, data.dim, micro * world)
 
         def step(b):
             train_step(engine, strategy, b)
     else:
         dist.init_process_group("gloo")
         torch.manual_seed(conf.train.seed)
-        model = torch.nn.parallel.DistributedDataParallel(exp.build_model(data.cache.dim))
+        model = torch.nn.parallel.DistributedDataParallel(exp.build_model(data.dim))
         optimizer = make_optimizer(conf.optim, model.parameters(), conf.optim.lr)
         clip = engine_conf.get("gradient_clipping", 0.0)
 

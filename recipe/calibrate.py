@@ -79,7 +79,7 @@ def calibrate(work: Path, utterances: int) -> None:
     exp = Experiment(str(base), load_config(None, subset))
     train_set = exp.dataset("train")
     micro = 8  # ds_configs/*.json
-    model = exp.build_model(train_set.cache.dim)
+    model = exp.build_model(train_set.dim)
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     frames_per_step = float(train_set.lengths.mean()) * micro

@@ -194,5 +194,13 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"augment.{key} must be >= 0, got {a[key]}")
     if not 0.0 <= a.time_mask_ratio <= 1.0:
         raise ConfigError(f"augment.time_mask_ratio must be in [0, 1], got {a.time_mask_ratio}")
+    if cfg.train.objective == "ce":
+        if cfg.model.stack != 1:
+            raise ConfigError(f"train.objective=ce scores every 10 ms frame: model.stack must be 1, got {cfg.model.stack}")
+        if list(a.speed_perturb) != [1.0]:
+            raise ConfigError(f"train.objective=ce: alignments are of the original audio; augment.speed_perturb must "
+                              f"be [1.0], got {list(a.speed_perturb)}")
+        if cfg.data.chunk_frames < 1:
+            raise ConfigError(f"data.chunk_frames must be >= 1, got {cfg.data.chunk_frames}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")

@@ -1,7 +1,9 @@
 """Kaldi-style data dirs: read, check and write them.
 
-A data dir holds ``wav.scp`` (``utt path``, or ``recording path`` with ``segments``), ``text`` (``utt words``),
-and optionally ``utt2spk`` and ``segments`` (``utt recording start end``, seconds). Everything a user can get
+A data dir holds ``wav.scp`` (``utt path``, or ``recording path`` with ``segments``; a path or a Kaldi pipe
+command ``recording sph2pipe -f wav -p -c 1 /x/sw02001.sph |``), ``text`` (``utt words``), and optionally
+``utt2spk``, ``segments`` (``utt recording start end``, seconds), and Kaldi's own features ``feats.scp`` (with
+``cmvn.scp``): with feats.scp the recipe trains on those features and never reads the audio. Everything a user can get
 wrong is found here, before features are extracted and hours of training are spent: hard errors name the file,
 line and utterance; mismatches Kaldi's ``fix_data_dir.sh`` would drop are skipped with a warning and counted.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -29,11 +32,12 @@ class DataError(ValueError):
 class Utterance:
     utt: str
     speaker: str
-    audio: str  # path to a wav/flac file readable by libsndfile
+    audio: str  # path to a wav/flac file readable by libsndfile, or a Kaldi pipe command ending in "|"
     text: str
     start: float = 0.0  # seconds into the audio file (segments)
     end: Optional[float] = None  # None: to the end of the file
     speed: float = 1.0  # speed perturbation factor applied when the audio is loaded (recipe/augment.py)
+    feats: Optional[str] = None  # Kaldi features (feats.scp's `ark:offset`): used instead of the audio
 
 
 def read_table(path: Path) -> dict[str, tuple[str, int]]:
@@ -56,16 +60,20 @@ def read_table(path: Path) -> dict[str, tuple[str, int]]:
 def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf")) -> tuple[list[Utterance], Counter]:
     """Read and check a data dir -> (utterances sorted by id, counts of what was skipped and why)."""
     d = Path(data_dir)
+    if (d / "feats.scp").is_file():
+        return _load_feats_dir(d)
     for required in ("wav.scp", "text"):
         if not (d / required).is_file():
-            raise DataError(f"{d}: missing {required} (a Kaldi data dir needs wav.scp and text)")
+            raise DataError(f"{d}: missing {required} (a Kaldi data dir needs wav.scp, or feats.scp, and text)")
     wav_scp = read_table(d / "wav.scp")
     text = read_table(d / "text")
     utt2spk = read_table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
     skipped: Counter = Counter()
 
     recordings = {rec: _audio_path(d / "wav.scp", lineno, rec, entry) for rec, (entry, lineno) in wav_scp.items()}
-    durations = {rec: _duration(d / "wav.scp", wav_scp[rec][1], rec, path) for rec, path in recordings.items()}
+    with ThreadPoolExecutor(8) as pool:  # pipe commands run to learn their length: several at once
+        durations = dict(zip(recordings, pool.map(
+            lambda rec: _duration(d / "wav.scp", wav_scp[rec][1], rec, recordings[rec]), recordings)))
     if (d / "segments").is_file():
         audio = {}
         for utt, (entry, lineno) in read_table(d / "segments").items():
@@ -106,10 +114,39 @@ def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf")) -> tu
     return utts, +skipped
 
 
+def _load_feats_dir(d: Path) -> tuple[list[Utterance], Counter]:
+    """A data dir with Kaldi features: the utterances of feats.scp that have a transcript."""
+    if not (d / "text").is_file():
+        raise DataError(f"{d}: missing text (a Kaldi data dir needs wav.scp, or feats.scp, and text)")
+    feats, text = read_table(d / "feats.scp"), read_table(d / "text")
+    utt2spk = read_table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
+    skipped: Counter = Counter()
+    utts = []
+    for utt in sorted(set(feats) | set(text)):
+        if utt not in text or not text[utt][0]:
+            log.warning("%s: utterance %s has features but no transcript: skipped", d, utt)
+            skipped["audio_without_text"] += 1
+        elif utt not in feats:
+            log.warning("%s/text:%d: utterance %s has no features in feats.scp: skipped", d, text[utt][1], utt)
+            skipped["text_without_audio"] += 1
+        else:
+            entry, lineno = feats[utt]
+            path, colon, offset = entry.rpartition(":")
+            path = Path(path if colon else entry)
+            if not path.is_absolute():
+                path = Path.cwd() / path
+            if not path.is_file():
+                raise DataError(f"{d / 'feats.scp'}:{lineno}: {utt}: feature archive not found: {entry}")
+            utts.append(Utterance(utt, utt2spk[utt][0] if utt in utt2spk else utt, "", " ".join(text[utt][0].split()),
+                                  feats=f"{path.resolve()}{colon}{offset}"))
+    if not utts:
+        raise DataError(f"{d}: no usable utterances ({dict(+skipped) or 'empty feats.scp/text'})")
+    return utts, +skipped
+
+
 def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
     if entry.endswith("|"):
-        raise DataError(f"{scp}:{lineno}: {rec}: pipe commands in wav.scp are not supported yet; "
-                        "give a path to a wav/flac file")
+        return entry  # run when its audio is needed (recipe/kaldi_io.py)
     if not entry:
         raise DataError(f"{scp}:{lineno}: {rec}: no audio path")
     path = Path(entry)
@@ -121,6 +158,12 @@ def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
 
 
 def _duration(scp: Path, lineno: int, rec: str, path: str) -> float:
+    from recipe.kaldi_io import pipe_command, read_pipe_audio  # kaldi_io builds on this module
+
+    command = pipe_command(path)
+    if command is not None:  # a failing command stops the run here, before any feature is extracted
+        samples, rate = read_pipe_audio(command, f"{scp}:{lineno}: {rec}")
+        return len(samples) / rate
     try:
         info = soundfile.info(path)
     except Exception as err:  # libsndfile raises several types for corrupt or foreign files
@@ -149,6 +192,8 @@ def write_data_dir(utts: list[Utterance], out_dir: str | Path) -> None:
     """Write a clean data dir: absolute audio paths, utt2spk always, segments where the input had them."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
+    if all(u.feats for u in utts):  # Kaldi features: they stand for the audio
+        (d / "feats.scp").write_text("".join(f"{u.utt} {u.feats}\n" for u in utts))
     with_segments = any(u.start > 0.0 or u.end is not None for u in utts)
     recordings: dict[str, str] = {}  # audio path -> recording id
     with open(d / "text", "w") as text, open(d / "utt2spk", "w") as u2s:
@@ -159,7 +204,7 @@ def write_data_dir(utts: list[Utterance], out_dir: str | Path) -> None:
             if with_segments:
                 rec = recordings.setdefault(u.audio, f"rec{len(recordings):06d}")
                 segments.append(f"{u.utt} {rec} {u.start:.3f} {-1 if u.end is None else round(u.end, 3)}\n")
-            else:
+            elif u.audio:
                 recordings[u.audio] = u.utt
     (d / "wav.scp").write_text("".join(sorted(f"{rec} {path}\n" for path, rec in recordings.items())))
     if with_segments:

@@ -1,4 +1,5 @@
-"""Batches for CTC training: normalized features and character targets, bucketed by length, sharded by rank.
+"""Batches: normalized features with character targets (CTC) or frame targets on fixed-length chunks (CE),
+bucketed by length, sharded by rank.
 
 The sampler works on the GLOBAL rank and world size, never on DeepSpeed's data-parallel group (DESIGN.md
 trap 4: with node groups every node would otherwise read the same data). Batches hold utterances of similar
@@ -11,12 +12,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 
-from recipe.features import FeatureCache, cmvn_stats
+from recipe.features import FeatureCache, cmvn_stats, utterance_cmvn
+
+if TYPE_CHECKING:
+    from recipe.targets import FrameTargets
 
 log = logging.getLogger(__name__)
 
@@ -26,30 +30,75 @@ def ctc_min_steps(target: list[int]) -> int:
     return len(target) + sum(a == b for a, b in zip(target, target[1:]))
 
 
+class FeatureReader:
+    """Normalized input rows of a feature cache: CMVN by the configured mode, then the utterance's speaker
+    vector (i-vector), if any, appended to every frame as the paper does."""
+
+    def __init__(self, cache: FeatureCache, cmvn: str, global_stats: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                 vectors: Optional[dict[str, np.ndarray]] = None):
+        self.cache, self.cmvn, self.vectors = cache, cmvn, vectors
+        self.stats = {"*": global_stats} if cmvn == "global" and global_stats is not None else cmvn_stats(cache, cmvn)
+        self.dim = cache.dim + (len(next(iter(vectors.values()))) if vectors else 0)
+
+    def usable(self, i: int) -> bool:
+        """False for an utterance left without its speaker vector (data.on_bad_utterance=skip)."""
+        return self.vectors is None or self.cache.utts[i] in self.vectors
+
+    def read(self, i: int, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """Frames start..stop of cache row i -> (frames, dim) float32."""
+        if self.cmvn == "utterance":  # its statistics need the whole utterance
+            whole = self.cache.read(i)
+            mean, std = utterance_cmvn(whole)
+            x = (whole[start:stop] - mean) / std
+        else:
+            x = self.cache.read(i, start, stop)
+            if self.cmvn == "none":
+                x = np.array(x)
+            else:
+                mean, std = self.stats["*" if self.cmvn == "global" else self.cache.speakers[i]]
+                x = (x - mean) / std
+        if self.vectors:
+            vector = self.vectors[self.cache.utts[i]]
+            x = np.concatenate([x, np.broadcast_to(vector, (len(x), len(vector)))], axis=1)
+        return x
+
+
+def pad_features(feats: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> features padded with zeros (B, T, D), lengths (B,)."""
+    lengths = torch.tensor([len(x) for x in feats])
+    padded = torch.zeros(len(feats), int(lengths.max()), dim)
+    for b, x in enumerate(feats):
+        padded[b, : len(x)] = torch.from_numpy(x)
+    return padded, lengths
+
+
 class CTCDataset:
     """Utterances of a feature cache with their token targets. An utterance too short for CTC to align its
     transcript at the model's frame rate is dropped from training and counted; a held-out set keeps it
     (keep_too_short), so it is decoded and counted in the error rates though the loss cannot score it."""
 
-    def __init__(self, cache: FeatureCache, texts: dict[str, str], tokens: list[str], cmvn: str, stack: int,
-                 global_stats: Optional[tuple[np.ndarray, np.ndarray]] = None, keep_too_short: bool = False,
+    def __init__(self, reader: FeatureReader, texts: dict[str, str], tokens: list[str], stack: int,
+                 keep_too_short: bool = False,
                  augment: Optional[Callable[[np.ndarray, np.random.Generator], np.ndarray]] = None):
-        self.cache = cache
+        self.reader = reader
+        self.cache = reader.cache
+        self.dim = reader.dim
         self.augment = augment  # applied by collate() when given a generator (training batches)
         index = {t: i for i, t in enumerate(tokens)}
-        self.cmvn = cmvn
-        self.stats = cmvn_stats(cache, cmvn) if cmvn != "global" or global_stats is None else {"*": global_stats}
         self.skipped: Counter = Counter()
         self.items: list[int] = []
         self.targets: list[list[int]] = []
         self.texts: list[str] = []
         self.scorable: list[bool] = []  # the CTC loss can align the transcript
-        for i, utt in enumerate(cache.utts):
+        for i, utt in enumerate(self.cache.utts):
+            if not reader.usable(i):
+                self.skipped["no_speaker_vector"] += 1
+                continue
             target = [index[c] for c in texts[utt]]
-            scorable = cache.frames[i] // stack >= ctc_min_steps(target)
+            scorable = self.cache.frames[i] // stack >= ctc_min_steps(target)
             if not scorable:
                 log.warning("utterance %s: %d frames are too few for its %d-token transcript at stack %d: %s",
-                            utt, cache.frames[i], len(target), stack,
+                            utt, self.cache.frames[i], len(target), stack,
                             "decoded, not in the loss" if keep_too_short else "skipped")
                 if not keep_too_short:
                     self.skipped["too_short_for_ctc"] += 1
@@ -58,22 +107,20 @@ class CTCDataset:
             self.targets.append(target)
             self.texts.append(texts[utt])
             self.scorable.append(scorable)
-        self.lengths = cache.frames[self.items]
+        self.lengths = self.cache.frames[self.items]
 
     def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def num_utterances(self) -> int:
         return len(self.items)
 
     def utt(self, k: int) -> str:
         return self.cache.utts[self.items[k]]
 
     def features(self, k: int) -> np.ndarray:
-        i = self.items[k]
-        x = self.cache[i]
-        if self.cmvn == "none":
-            return np.array(x)
-        key = {"global": "*", "speaker": self.cache.speakers[i], "utterance": self.cache.utts[i]}[self.cmvn]
-        mean, std = self.stats[key]
-        return (x - mean) / std
+        return self.reader.read(self.items[k])
 
     def collate(self, batch: list[int], rng: Optional[np.random.Generator] = None) -> dict[str, torch.Tensor]:
         """Indices -> padded features (B, T, D), lengths (B,), concatenated targets (sum L,), target lengths.
@@ -81,14 +128,59 @@ class CTCDataset:
         feats = [self.features(k) for k in batch]
         if rng is not None and self.augment is not None:
             feats = [self.augment(x, rng) for x in feats]
-        lengths = torch.tensor([len(x) for x in feats])
-        padded = torch.zeros(len(batch), int(lengths.max()), self.cache.dim)
-        for b, x in enumerate(feats):
-            padded[b, : len(x)] = torch.from_numpy(x)
+        padded, lengths = pad_features(feats, self.dim)
         targets = [self.targets[k] for k in batch]
         return {"feats": padded, "lengths": lengths,
                 "targets": torch.tensor([t for tt in targets for t in tt], dtype=torch.long),
                 "target_lengths": torch.tensor([len(t) for t in targets])}
+
+
+IGNORE = -100  # frame target of padding: left out of the cross entropy (torch's default ignore_index)
+
+
+class ChunkDataset:
+    """The paper's training examples: every utterance cut into non-overlapping chunks of `chunk` frames, each
+    with its frame targets (recipe/targets.py). An utterance's last chunk is shorter; its padding is ignored by
+    the loss. Only the rows of a batch's chunks are read, so a learner reads what it trains on and no more."""
+
+    def __init__(self, reader: FeatureReader, targets: "FrameTargets", chunk: int,
+                 augment: Optional[Callable[[np.ndarray, np.random.Generator], np.ndarray]] = None):
+        self.reader, self.targets, self.chunk = reader, targets, chunk
+        self.cache = reader.cache
+        self.dim = reader.dim
+        self.augment = augment
+        rows = np.array([i for i, utt in enumerate(self.cache.utts) if targets.has(utt) and reader.usable(i)],
+                        dtype=np.int64)
+        self.skipped: Counter = +Counter(targets.skipped)
+        self.skipped["no_speaker_vector"] += sum(targets.has(utt) and not reader.usable(i)
+                                                 for i, utt in enumerate(self.cache.utts))
+        self.skipped = +self.skipped
+        counts = -(-self.cache.frames[rows] // chunk)  # chunks per utterance (ceil)
+        self.rows = np.repeat(rows, counts)  # cache row of every chunk
+        firsts = np.cumsum(counts) - counts
+        self.starts = (np.arange(len(self.rows)) - np.repeat(firsts, counts)) * chunk  # its first frame
+        self.lengths = np.minimum(self.cache.frames[self.rows] - self.starts, chunk)
+        self.num_utterances = len(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def utt(self, k: int) -> str:
+        return self.cache.utts[self.rows[k]]
+
+    def collate(self, batch: list[int], rng: Optional[np.random.Generator] = None) -> dict[str, torch.Tensor]:
+        """Chunk indices -> padded features (B, chunk, D), lengths (B,), frame targets (B, chunk), IGNORE past
+        each length; the chunk's utterance and first frame (for writing per-utterance outputs)."""
+        feats, targets = [], torch.full((len(batch), self.chunk), IGNORE, dtype=torch.long)
+        for b, k in enumerate(batch):
+            i, start, n = int(self.rows[k]), int(self.starts[k]), int(self.lengths[k])
+            x = self.reader.read(i, start, start + n)
+            feats.append(self.augment(x, rng) if rng is not None and self.augment is not None else x)
+            targets[b, :n] = torch.from_numpy(self.targets.read(self.cache.utts[i], start, start + n).astype(np.int64))
+        padded, lengths = pad_features(feats, self.dim)
+        return {"feats": padded, "lengths": lengths, "frame_targets": targets[:, : padded.shape[1]],
+                "rows": torch.tensor([int(self.rows[k]) for k in batch]),
+                "starts": torch.tensor([int(self.starts[k]) for k in batch])}
 
 
 class BucketBatchSampler:

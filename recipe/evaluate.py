@@ -1,4 +1,5 @@
-"""Held-out evaluation: CTC loss, decoding, CER and WER (jiwer), summable across learners.
+"""Held-out evaluation, summable across learners: CTC loss, decoding, CER and WER (jiwer); or, for the CE
+objective, frame cross entropy and frame accuracy on the chunks (and scaled log-likelihoods for Kaldi).
 
 Used after every epoch by the training loop (greedy decoding; each learner scores a share of the held-out set
 and the totals are summed over the world) and by the recipe's decode stage on the final model (one process,
@@ -22,17 +23,19 @@ from pathlib import Path
 from typing import Callable
 
 import jiwer
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from model.lstm import ctc_loss
+from model.lstm import ctc_loss, frame_ce_loss
 from recipe.config import load_config
 from recipe.data import read_table
-from recipe.dataset import BucketBatchSampler, CTCDataset
+from recipe.dataset import BucketBatchSampler, ChunkDataset, CTCDataset
 from recipe.decode import beam_decode
+from recipe.kaldi_io import write_matrices
 from recipe.ngram import NgramLM
+from recipe.targets import log_priors
 
-TOTAL_KEYS = ("loss_sum", "tokens", "char_errors", "chars", "word_errors", "words", "utterances")
 
 
 def greedy_decode(logits: torch.Tensor, lengths: torch.Tensor, tokens: list[str]) -> list[str]:
@@ -56,13 +59,24 @@ def error_counts(refs: list[str], hyps: list[str]) -> dict[str, int]:
             "words": w.substitutions + w.deletions + w.hits}
 
 
+def batch_loss(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The training loss of a batch: frame cross entropy if it has frame targets (CE), else CTC."""
+    device = logits.device
+    if "frame_targets" in batch:
+        return frame_ce_loss(logits, batch["frame_targets"].to(device))
+    return ctc_loss(logits, out_lengths, batch["targets"].to(device), batch["target_lengths"].to(device))
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]], tokens: list[str],
+def evaluate(model: torch.nn.Module, data: CTCDataset | ChunkDataset, batches: list[list[int]], tokens: list[str],
              decode: Callable[[torch.Tensor, torch.Tensor, list[str]], list[str]] = greedy_decode):
-    """-> (totals summable over shards, [(utt, ref, hyp)]). decode(logits, lengths, tokens) -> hypotheses."""
+    """-> (totals summable over shards, [(utt, ref, hyp)]). decode(logits, lengths, tokens) -> hypotheses.
+    For chunks (CE): frame loss and accuracy totals, and no hypotheses."""
+    if isinstance(data, ChunkDataset):
+        return evaluate_frames(model, data, batches), []
     was_training = model.training
     model.eval()
-    totals = dict.fromkeys(TOTAL_KEYS, 0.0)
+    totals = dict.fromkeys(("loss_sum", "tokens", "char_errors", "chars", "word_errors", "words", "utterances"), 0.0)
     decoded = []
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -84,7 +98,39 @@ def evaluate(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]],
     return totals, decoded
 
 
+@torch.no_grad()
+def evaluate_frames(model: torch.nn.Module, data: ChunkDataset, batches: list[list[int]],
+                    log_priors: torch.Tensor | None = None, outputs: dict | None = None) -> dict[str, float]:
+    """Frame cross entropy and accuracy totals over the chunks. With `outputs` (a dict), also gathers every
+    utterance's per-frame log posteriors, minus log_priors if given (scaled log-likelihoods): {row: (T, V)}."""
+    was_training = model.training
+    model.eval()
+    totals = {"loss_sum": 0.0, "frames": 0, "correct": 0}
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    for batch in batches:
+        b = data.collate(batch)
+        logits, _ = model(b["feats"].to(device, dtype), b["lengths"].to(device))
+        targets = b["frame_targets"].to(device)
+        real = targets != -100
+        totals["loss_sum"] += float(frame_ce_loss(logits, targets, reduction="sum"))
+        totals["frames"] += int(real.sum())
+        totals["correct"] += int(((logits.argmax(-1) == targets) & real).sum())
+        if outputs is not None:
+            scores = torch.log_softmax(logits.float(), -1).cpu()
+            if log_priors is not None:
+                scores -= log_priors
+            for k, row, start, n in zip(range(len(batch)), b["rows"].tolist(), b["starts"].tolist(),
+                                        b["lengths"].tolist()):
+                out = outputs.setdefault(row, np.zeros((int(data.cache.frames[row]), scores.shape[-1]), np.float32))
+                out[start: start + n] = scores[k, :n].numpy()
+    model.train(was_training)
+    return totals
+
+
 def rates(totals: dict) -> dict[str, float]:
+    if "frames" in totals:  # CE
+        return {"heldout_loss": totals["loss_sum"] / max(totals["frames"], 1),
+                "frame_acc": totals["correct"] / max(totals["frames"], 1)}
     return {"heldout_loss": totals["loss_sum"] / max(totals["tokens"], 1),
             "cer": totals["char_errors"] / max(totals["chars"], 1),
             "wer": totals["word_errors"] / max(totals["words"], 1)}
@@ -100,6 +146,20 @@ def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
         lm = NgramLM.train(texts, order=conf.lm_order)
         lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder
     return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus)
+
+
+def export_loglikes(model: torch.nn.Module, data: ChunkDataset, batches: list[list[int]], counts: np.ndarray,
+                    out: Path) -> dict:
+    """CE: frame accuracy of the held-out set, and its scaled log-likelihoods (log posterior - log prior, the
+    priors from the training alignments) as a Kaldi ark/scp, for the user's own graph:
+    latgen-faster-mapped ... final.mdl HCLG.fst ark:OUT/loglikes.ark ark:lat.ark"""
+    priors = log_priors(counts)
+    outputs: dict[int, np.ndarray] = {}
+    totals = evaluate_frames(model, data, batches, torch.from_numpy(priors), outputs)
+    write_matrices(out / "loglikes.ark", out / "loglikes.scp",
+                   ((data.cache.utts[row], outputs[row]) for row in sorted(outputs, key=lambda r: data.cache.utts[r])))
+    (out / "priors.txt").write_text("[ " + " ".join(f"{p:.6g}" for p in np.exp(priors)) + " ]\n")  # Kaldi vector
+    return {"utterances": len(outputs), **rates(totals), "loglikes": str(out / "loglikes.scp")}
 
 
 def main(argv=None) -> int:
@@ -123,9 +183,14 @@ def main(argv=None) -> int:
     model, meta = exp.load_model(args.checkpoint, average_last=conf.decode.average_last)
     data = exp.dataset("test")
     batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
+    about = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", [])}
+    if isinstance(data, ChunkDataset):
+        result = {**about, **export_loglikes(model, data, batches, exp.targets("train").counts, out)}
+        (out / "scores.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result))
+        return 0
     totals, decoded = evaluate(model, data, batches, exp.tokens)
-    result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", []),
-              "utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
+    result = {**about, "utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
               "decode": OmegaConf.to_container(conf.decode)}
     beam = beam_decoder(conf.decode, exp.data_dir("train") / "text", out)
     if beam is not None:

@@ -4,6 +4,8 @@
     EXP/ds_config.json       the DeepSpeed JSON used for training;  EXP/launch.txt  the launch command
     EXP/data/{train,test}/   clean Kaldi data dirs;  EXP/data/tokens.txt;  EXP/data/prep.json (what was skipped)
     EXP/features.json        where the feature caches of train and test are
+    EXP/targets/{train,test}/  frame targets of the CE objective (recipe/targets.py)
+    EXP/vectors/{train,test}.npz  speaker vectors by utterance, when the data has them
     EXP/checkpoints/         epoch-NNN.pt (atomic, pruned);  EXP/train_log.jsonl;  EXP/metrics.json
 """
 
@@ -14,14 +16,16 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from model.lstm import LSTMAcousticModel
 from recipe.augment import SpecAugment, source_utt
 from recipe.config import ConfigError, load_config
 from recipe.data import read_table, read_tokens
-from recipe.dataset import CTCDataset
+from recipe.dataset import ChunkDataset, CTCDataset, FeatureReader
 from recipe.features import FeatureCache, cmvn_stats
+from recipe.targets import FrameTargets
 
 
 class Experiment:
@@ -49,21 +53,48 @@ class Experiment:
             raise FileNotFoundError(f"{where}: no features yet; run the feature stage (run.sh --stage 2)")
         return FeatureCache(json.loads(where.read_text())[split])
 
-    def dataset(self, split: str) -> CTCDataset:
+    def vectors(self, split: str) -> dict[str, np.ndarray] | None:
+        """Speaker vectors by utterance (stage 2 resolved them), or None when the data has none."""
+        path = self.root / "vectors" / f"{split}.npz"
+        if not path.is_file():
+            return None
+        z = np.load(path)
+        return dict(zip(z["utts"].tolist(), z["vectors"]))
+
+    def reader(self, split: str) -> FeatureReader:
         cmvn = self.conf.features.cmvn
         # global normalization uses the training set's statistics for every split
         global_stats = cmvn_stats(self.cache("train"), "global")["*"] if cmvn == "global" else None
-        cache = self.cache(split)
-        texts = {utt: text for utt, (text, _) in read_table(self.data_dir(split) / "text").items()}
-        texts = {utt: texts[source_utt(utt)] for utt in cache.utts}  # speed-perturbed copies: their source's
+        return FeatureReader(self.cache(split), cmvn, global_stats, self.vectors(split))
+
+    def targets(self, split: str) -> FrameTargets:
+        return FrameTargets(self.root / "targets" / split)
+
+    def dataset(self, split: str) -> CTCDataset | ChunkDataset:
+        reader = self.reader(split)
         augment = SpecAugment(self.conf.augment, self.conf.features.n_mels) if split == "train" else None
-        return CTCDataset(cache, texts, self.tokens, cmvn, self.conf.model.stack, global_stats,
+        augment = augment if augment and augment.enabled else None
+        if self.conf.train.objective == "ce":
+            return ChunkDataset(reader, self.targets(split), self.conf.data.chunk_frames, augment=augment)
+        texts = {utt: text for utt, (text, _) in read_table(self.data_dir(split) / "text").items()}
+        texts = {utt: texts[source_utt(utt)] for utt in reader.cache.utts}  # speed-perturbed copies: their source's
+        return CTCDataset(reader, texts, self.tokens, self.conf.model.stack,
                           keep_too_short=split != "train",  # held-out error rates count every utterance
-                          augment=augment if augment and augment.enabled else None)
+                          augment=augment)
+
+    @property
+    def input_dim(self) -> int:
+        vectors = self.vectors("train")
+        return self.cache("train").dim + (len(next(iter(vectors.values()))) if vectors else 0)
+
+    @property
+    def output_dim(self) -> int:
+        """Classes of the output layer: CTC's tokens, or the CE targets' classes."""
+        return self.targets("train").num_targets if self.conf.train.objective == "ce" else len(self.tokens)
 
     # ---- model and checkpoints ---------------------------------------------------------------------------
     def build_model(self, input_dim: int) -> LSTMAcousticModel:
-        return build_model(self.conf.model, input_dim, len(self.tokens))
+        return build_model(self.conf.model, input_dim, self.output_dim)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -105,7 +136,7 @@ class Experiment:
         weights, or of all there are if fewer (icefall's and ESPnet's practice: it smooths the epoch-to-epoch
         swings of a small corpus)."""
         state = self.load_checkpoint(path)
-        model = self.build_model(self.cache("train").dim)
+        model = self.build_model(self.input_dim)
         found = self.checkpoints()[-average_last:]
         if path is None and len(found) > 1:
             state["model"] = average_weights([self.load_checkpoint(p)["model"] for p in found])

@@ -2,9 +2,10 @@
 
 The cache of a data dir lives in ``<feat_root>/<name>-<key>/``, where the key hashes the feature config, the
 sample rate and the data dir's audio entries: a rerun with the same inputs finds it and computes nothing, and
-any change makes a new one. The features of a split are one flat float32 file (``feats.f32``, memory-mapped by
-every learner, so the page cache holds one copy) plus ``index.tsv`` (utt, speaker, offset, frames).
-Normalization (CMVN) is applied when batches are built, so one cache serves every normalization mode.
+any change makes a new one. The features of a split are float32 rows in shards of about 1 GiB
+(``feats-NNNNN.f32``) plus ``index.tsv`` (utt, speaker, shard, offset, frames) and ``stats.npz`` (per-speaker
+sums for CMVN). Learners read the rows they need with pread() (FeatureCache), so memory does not grow with the
+corpus. Normalization (CMVN) is applied when batches are built, so one cache serves every normalization mode.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import errno
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import librosa
 import numpy as np
@@ -27,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from recipe.data import DataError, Utterance
+from recipe.kaldi_io import FeatsScp, pipe_command, read_cmvn_stats, read_pipe_audio
 from recipe.progress import progress_bar
 
 
@@ -34,13 +38,26 @@ def feature_dim(conf: DictConfig) -> int:
     return conf.n_mels * (3 if conf.deltas else 1)
 
 
+_LAST_PIPE: tuple[str, np.ndarray, int] | None = None  # segments of one recording follow each other: run it once
+
+
 def load_audio(u: Utterance, sample_rate: int) -> np.ndarray:
     """Mono float32 samples of an utterance at sample_rate."""
+    global _LAST_PIPE
+    command = pipe_command(u.audio)
     try:
-        info = soundfile.info(u.audio)
-        start = int(round(u.start * info.samplerate))
-        stop = None if u.end is None else int(round(u.end * info.samplerate))
-        wave, rate = soundfile.read(u.audio, start=start, stop=stop, dtype="float32", always_2d=True)
+        if command is not None:
+            if _LAST_PIPE is None or _LAST_PIPE[0] != command:
+                _LAST_PIPE = (command, *read_pipe_audio(command, f"utterance {u.utt}"))
+            _, samples, rate = _LAST_PIPE
+            wave = samples[int(round(u.start * rate)): None if u.end is None else int(round(u.end * rate))]
+        else:
+            info = soundfile.info(u.audio)
+            start = int(round(u.start * info.samplerate))
+            stop = None if u.end is None else int(round(u.end * info.samplerate))
+            wave, rate = soundfile.read(u.audio, start=start, stop=stop, dtype="float32", always_2d=True)
+    except DataError:
+        raise
     except Exception as err:
         raise DataError(f"utterance {u.utt}: cannot read audio {u.audio}: {err}") from None
     wave = wave.mean(axis=1)
@@ -71,12 +88,59 @@ def compute_features(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np
     return np.ascontiguousarray(logmel.T, dtype=np.float32)
 
 
+CACHE_FORMAT = 2  # in the key: a cache written in an older layout is never read as the new one
+SHARD_BYTES = 1 << 30  # features are split into files of about this size (a 2000-hour corpus: ~750 of them)
+
+
 def cache_key(utts: list[Utterance], conf: DictConfig, sample_rate: int) -> str:
     h = hashlib.sha1(json.dumps(OmegaConf.to_container(conf), sort_keys=True).encode())
-    h.update(str(sample_rate).encode())
+    h.update(f"{sample_rate} format{CACHE_FORMAT}".encode())
     for u in utts:
         h.update(f"{u.utt} {u.audio} {u.start} {u.end} {u.speed}\n".encode())
     return h.hexdigest()[:12]
+
+
+class CacheWriter:
+    """Writes a cache folder: features in shards of float32 rows, their index, and per-speaker sums for CMVN
+    (gathered while writing, so no learner ever reads the whole corpus to normalize it)."""
+
+    def __init__(self, folder: Path, dim: int, shard_bytes: int = SHARD_BYTES):
+        self.folder, self.dim, self.shard_bytes = folder, dim, shard_bytes
+        self.index = open(folder / "index.tsv", "w")
+        self.shard, self.offset, self.frames = -1, 0, 0
+        self.file = None
+        self.sums: dict[str, list] = {}  # speaker -> [frames, sum, sum of squares] (float64)
+
+    def add(self, utt: str, speaker: str, x: np.ndarray) -> None:
+        if x.shape[1:] != (self.dim,):
+            raise DataError(f"utterance {utt}: features of shape {x.shape}, expected (frames, {self.dim})")
+        if self.file is None or self.offset * self.dim * 4 >= self.shard_bytes:
+            self._next_shard()
+        self.file.write(np.ascontiguousarray(x, dtype=np.float32).tobytes())
+        self.index.write(f"{utt}\t{speaker}\t{self.shard}\t{self.offset}\t{len(x)}\n")
+        self.offset += len(x)
+        self.frames += len(x)
+        s = self.sums.setdefault(speaker, [0, np.zeros(self.dim), np.zeros(self.dim)])
+        x64 = x.astype(np.float64)
+        s[0] += len(x)
+        s[1] += x64.sum(0)
+        s[2] += (x64 * x64).sum(0)
+
+    def _next_shard(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.shard, self.offset = self.shard + 1, 0
+        self.file = open(self.folder / f"feats-{self.shard:05d}.f32", "wb")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.index.close()
+        speakers = sorted(self.sums)
+        np.savez(self.folder / "stats.npz", speakers=np.array(speakers, dtype=str),
+                 counts=np.array([self.sums[k][0] for k in speakers], dtype=np.float64).reshape(-1),
+                 sums=np.array([self.sums[k][1] for k in speakers]).reshape(-1, self.dim),
+                 sumsqs=np.array([self.sums[k][2] for k in speakers]).reshape(-1, self.dim))
 
 
 @dataclass(frozen=True)
@@ -91,93 +155,164 @@ def _extract_one(job: _Job) -> tuple[np.ndarray, float]:
     return compute_features(wave, job.sample_rate, SimpleNamespace(**job.conf)), len(wave) / job.sample_rate
 
 
-def _write_cache(tmp: Path, jobs: list[_Job], name: str, workers: int, progress: bool) -> tuple[int, float]:
-    """Features of the jobs' utterances into tmp/feats.f32 and tmp/index.tsv -> (frames, audio seconds)."""
+def _write_cache(writer: CacheWriter, jobs: list[_Job], name: str, workers: int, progress: bool) -> float:
+    """Features of the jobs' utterances into the writer -> audio seconds."""
     t0 = time.perf_counter()
-    offset, audio_seconds = 0, 0.0
+    audio_seconds = 0.0
     columns = [TextColumn(f"features {name}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[fps]:>8.0f} frames/s"), TimeRemainingColumn()]
-    with open(tmp / "feats.f32", "wb") as feats, open(tmp / "index.tsv", "w") as index, \
-            mp.get_context("fork").Pool(max(1, workers)) as pool, progress_bar(*columns, enabled=progress) as bar:
+    with mp.get_context("fork").Pool(max(1, workers)) as pool, progress_bar(*columns, enabled=progress) as bar:
         task = bar.add_task("", total=len(jobs), fps=0.0)
         # imap keeps utterance order, so the cache is identical whatever the number of workers
         for job, (x, seconds) in zip(jobs, pool.imap(_extract_one, jobs, chunksize=8)):
-            feats.write(x.tobytes())
-            index.write(f"{job.utt.utt}\t{job.utt.speaker}\t{offset}\t{len(x)}\n")
-            offset += len(x)
+            writer.add(job.utt.utt, job.utt.speaker, x)
             audio_seconds += seconds
-            bar.update(task, advance=1, fps=offset / (time.perf_counter() - t0))
-    return offset, audio_seconds
+            bar.update(task, advance=1, fps=writer.frames / (time.perf_counter() - t0))
+    return audio_seconds
 
 
-def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, conf: DictConfig,
-                     sample_rate: int, progress: bool = True) -> Path:
-    """Features of utts into the cache -> the cache folder. Reuses an existing cache with the same key."""
-    out = Path(feat_root) / f"{name}-{cache_key(utts, conf, sample_rate)}"
+def write_cache(out: Path, name: str, dim: int, fill: Callable[[CacheWriter], dict],
+                shard_bytes: int = SHARD_BYTES) -> Path:
+    """Build the cache folder `out` of split `name` with fill(writer) -> extra meta; it appears whole or not
+    at all."""
     if (out / "meta.json").is_file():
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    jobs = [_Job(u, sample_rate, OmegaConf.to_container(conf)) for u in utts]
     t0 = time.perf_counter()
+    writer = CacheWriter(tmp, dim, shard_bytes)
     try:
-        offset, audio_seconds = _write_cache(tmp, jobs, name, conf.num_workers, progress)
+        extra = fill(writer)
+        writer.close()
     except BaseException as err:  # give the space back; a half-written cache is never reused anyway
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(err.errno, f"{out}: features of {name} not written ({err.strerror}); nothing was "
                                      f"cached: free some space and rerun the features stage") from err
         raise
-    wall = time.perf_counter() - t0
-    meta = {"utterances": len(utts), "frames": offset, "dim": feature_dim(conf), "audio_seconds": audio_seconds,
-            "wall_seconds": wall, "real_time_factor": wall / max(audio_seconds, 1e-9),
-            "config": OmegaConf.to_container(conf), "sample_rate": sample_rate}
+    meta = {"utterances": sum(1 for _ in open(tmp / "index.tsv")), "frames": writer.frames, "dim": dim,
+            "wall_seconds": time.perf_counter() - t0, **extra}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # the cache appears whole or not at all
+    tmp.rename(out)
     return out
 
 
+def extract_features(utts: list[Utterance], feat_root: str | Path, name: str, conf: DictConfig,
+                     sample_rate: int, progress: bool = True, shard_bytes: int = SHARD_BYTES) -> Path:
+    """Features of utts into the cache -> the cache folder. Reuses an existing cache with the same key."""
+    jobs = [_Job(u, sample_rate, OmegaConf.to_container(conf)) for u in utts]
+
+    def fill(writer: CacheWriter) -> dict:
+        t0 = time.perf_counter()
+        audio_seconds = _write_cache(writer, jobs, name, conf.num_workers, progress)
+        return {"audio_seconds": audio_seconds,
+                "real_time_factor": (time.perf_counter() - t0) / max(audio_seconds, 1e-9),
+                "config": OmegaConf.to_container(conf), "sample_rate": sample_rate}
+
+    out = Path(feat_root) / f"{name}-{cache_key(utts, conf, sample_rate)}"
+    return write_cache(out, name, feature_dim(conf), fill, shard_bytes)
+
+
+def import_kaldi_features(utts: list[Utterance], feat_root: str | Path, name: str, feats_scp: Path,
+                          cmvn_scp: Path | None = None, shard_bytes: int = SHARD_BYTES) -> Path:
+    """Kaldi features (feats.scp, e.g. the paper's 40 fbank + deltas, FMLLR) copied into a cache, so training
+    reads them like its own. With Kaldi's cmvn.scp (per speaker), its statistics replace the cache's sums."""
+    h = hashlib.sha1(f"kaldi format{CACHE_FORMAT}".encode())
+    for u in utts:
+        h.update(f"{u.utt} {u.speaker} {u.feats}\n".encode())
+    for path in (feats_scp, cmvn_scp):
+        if path is not None:
+            st = path.stat()
+            h.update(f"{path.resolve()} {st.st_size} {st.st_mtime_ns}\n".encode())
+    source = FeatsScp(feats_scp)
+    first = source[utts[0].utt]
+
+    def fill(writer: CacheWriter) -> dict:
+        for u in utts:
+            writer.add(u.utt, u.speaker, source[u.utt])
+        if cmvn_scp is not None:
+            stats = read_cmvn_stats(cmvn_scp)
+            missing = sorted(set(writer.sums) - set(stats))
+            if missing:
+                raise DataError(f"{cmvn_scp}: no statistics for speaker(s) {missing[:5]} (utt2spk names them)")
+            writer.sums = {spk: list(stats[spk]) for spk in writer.sums}
+        return {"source": str(feats_scp), "cmvn": str(cmvn_scp) if cmvn_scp else None}
+
+    return write_cache(Path(feat_root) / f"{name}-{h.hexdigest()[:12]}", name, first.shape[1], fill, shard_bytes)
+
+
 class FeatureCache:
-    """Read side of a cache folder: memory-mapped features by utterance."""
+    """Read side of a cache folder. Rows are read with pread(), not memory-mapped: the page cache still holds
+    one copy for all learners, but a learner's resident memory stays the size of its batches however large the
+    corpus (a mapping's touched pages count in its RSS until the kernel reclaims them)."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.meta = json.loads((self.folder / "meta.json").read_text())
         self.dim = self.meta["dim"]
-        rows = [line.split("\t") for line in (self.folder / "index.tsv").read_text().splitlines()]
-        self.utts = [r[0] for r in rows]
-        self.speakers = [r[1] for r in rows]
-        self.offsets = np.array([int(r[2]) for r in rows], dtype=np.int64)
-        self.frames = np.array([int(r[3]) for r in rows], dtype=np.int64)
-        total = int(self.frames.sum())
-        self.data = np.memmap(self.folder / "feats.f32", dtype=np.float32, mode="r", shape=(total, self.dim)) \
-            if total else np.zeros((0, self.dim), np.float32)
+        utts, speakers, shards, offsets, frames = [], [], [], [], []
+        with open(self.folder / "index.tsv") as index:
+            for line in index:
+                utt, speaker, shard, offset, n = line.rstrip("\n").split("\t")
+                utts.append(utt)
+                speakers.append(speaker)
+                shards.append(int(shard))
+                offsets.append(int(offset))
+                frames.append(int(n))
+        self.utts, self.speakers = utts, speakers
+        self.shards = np.array(shards, dtype=np.int32)
+        self.offsets = np.array(offsets, dtype=np.int64)
+        self.frames = np.array(frames, dtype=np.int64)
+        self._files: dict[int, int] = {}  # shard -> file descriptor, opened on first read
 
     def __len__(self) -> int:
         return len(self.utts)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.data[self.offsets[i]: self.offsets[i] + self.frames[i]]
+        return self.read(i)
+
+    def read(self, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Frames start..stop of utterance i -> (frames, dim) float32 (read-only)."""
+        stop = int(self.frames[i]) if stop is None else min(stop, int(self.frames[i]))
+        shard = int(self.shards[i])
+        if shard not in self._files:
+            self._files[shard] = os.open(self.folder / f"feats-{shard:05d}.f32", os.O_RDONLY)
+        row_bytes = self.dim * 4
+        n = max(stop - start, 0) * row_bytes
+        data = os.pread(self._files[shard], n, int(self.offsets[i] + start) * row_bytes)
+        if len(data) != n:
+            raise DataError(f"{self.folder}: feats-{shard:05d}.f32 is truncated (utterance {self.utts[i]}): "
+                            f"delete the folder and rerun the features stage")
+        return np.frombuffer(data, dtype=np.float32).reshape(-1, self.dim)
+
+    def speaker_sums(self) -> dict[str, tuple[float, np.ndarray, np.ndarray]]:
+        """{speaker: (frames, sum, sum of squares)} as gathered when the cache was written."""
+        z = np.load(self.folder / "stats.npz")
+        return {str(k): (float(n), s, q) for k, n, s, q in zip(z["speakers"], z["counts"], z["sums"], z["sumsqs"])}
+
+    def __getstate__(self):  # file descriptors do not travel to other processes
+        return {**self.__dict__, "_files": {}}
 
 
 def cmvn_stats(cache: FeatureCache, mode: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{group: (mean, std)}: one group '*' for global, one per speaker or per utterance; {} for none."""
-    if mode == "none":
+    """{group: (mean, std)}: one group '*' for global, one per speaker; {} for none. Per-utterance statistics
+    are computed from the utterance itself when it is read (utterance_cmvn)."""
+    if mode in ("none", "utterance"):
         return {}
-    groups = {"global": lambda i: "*", "speaker": lambda i: cache.speakers[i],
-              "utterance": lambda i: cache.utts[i]}[mode]
-    sums: dict[str, list] = {}
-    for i in range(len(cache)):
-        x = cache[i].astype(np.float64)
-        s = sums.setdefault(groups(i), [0, np.zeros(cache.dim), np.zeros(cache.dim)])
-        s[0] += len(x)
-        s[1] += x.sum(0)
-        s[2] += (x * x).sum(0)
-    stats = {}
-    for key, (n, s1, s2) in sums.items():
-        mean = s1 / max(n, 1)
-        std = np.sqrt(np.maximum(s2 / max(n, 1) - mean * mean, 1e-8))
-        stats[key] = (mean.astype(np.float32), std.astype(np.float32))
-    return stats
+    sums = cache.speaker_sums()
+    if mode == "global":
+        sums = {"*": tuple(sum(v[j] for v in sums.values()) for j in range(3))}
+    return {key: _mean_std(n, s1, s2) for key, (n, s1, s2) in sums.items()}
+
+
+def _mean_std(n: float, s1: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = s1 / max(n, 1)
+    std = np.sqrt(np.maximum(s2 / max(n, 1) - mean * mean, 1e-8))
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+def utterance_cmvn(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x64 = x.astype(np.float64)
+    return _mean_std(len(x), x64.sum(0), (x64 * x64).sum(0))

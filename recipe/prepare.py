@@ -5,7 +5,9 @@
 
 Stage 1 synthesizes the built-in corpus (or reads the user's Kaldi data dirs, or prepares a public corpus from
 its local folder: recipe/corpora.py), checks every utterance, writes clean data dirs and the token set into
-EXP/data. Stage 2 fills (or finds) the feature caches, the training set at every speed-perturbation factor.
+EXP/data. Stage 2 fills (or finds) the feature caches, the training set at every speed-perturbation factor (or
+copies the user's Kaldi features into one), resolves speaker vectors by utterance, and for the CE objective
+checks the frame targets against the features and stores them (recipe/targets.py).
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ import argparse
 import hashlib
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from comm import ProcessLayout, build_strategy
-from recipe.augment import speed_perturbed
+from recipe.augment import source_utt, speed_perturbed
 from recipe.config import ConfigError, load_config
 from recipe.corpora import prepare_corpus
-from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
+from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, read_table, write_data_dir, write_tokens
 from recipe.ds_config import load_ds_config
-from recipe.features import extract_features
+from recipe.features import FeatureCache, extract_features, import_kaldi_features
+from recipe.kaldi_io import read_alignments, read_vectors
+from recipe.targets import ctm_alignments, read_phone_table, write_targets
 
 log = logging.getLogger("recipe.prepare")
 
@@ -48,9 +55,10 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
         sources = {"train": corpus / "train", "test": corpus / "test"}
     elif d.corpus == "kaldi":
         sources = {"train": Path(d.train_dir), "test": Path(d.test_dir)}
-    else:  # a public corpus from its local folder: prepared once per folder and held-out speakers
-        key = hashlib.sha1(f"{Path(d.corpus_dir or '').resolve()}|{sorted(d.heldout_speakers)}".encode()).hexdigest()
-        sources = prepare_corpus(d.corpus, d.corpus_dir, work / f"{d.corpus}-{key[:10]}", d.heldout_speakers)
+    else:  # a public corpus from its local folder: prepared once per folder and choice of splits
+        splits = [sorted(d.heldout_speakers), sorted(d.train_sets), sorted(d.test_sets)]
+        key = hashlib.sha1(f"{Path(d.corpus_dir or '').resolve()}|{splits}".encode()).hexdigest()
+        sources = prepare_corpus(d.corpus, d, work / f"{d.corpus}-{key[:10]}")
     summary, utts = {}, {}
     for split, src in sources.items():
         utts[split], skipped = load_data_dir(src, d.max_utt_seconds)
@@ -64,23 +72,107 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
         summary["train"]["mixed_synth"] = len(mixed)
     tokens = build_tokens(utts["train"])
     check_tokens(utts["test"], tokens, sources["test"] / "text")
-    for split in sources:
+    for split, src in sources.items():
         write_data_dir(utts[split], exp / "data" / split)
+        copy_side_files(src, exp / "data", split, {u.utt for u in utts[split]})
     write_tokens(tokens, exp / "data" / "tokens.txt")
     summary["tokens"] = len(tokens)
     (exp / "data" / "prep.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
+def copy_side_files(src: Path, data: Path, split: str, kept: set[str]) -> None:
+    """Kaldi's cmvn.scp (archive paths made absolute) and a phone CTM with its phone table, when the source data
+    dir has them: the CE objective's targets can come from the CTM (the built-in corpus writes one)."""
+    out = data / split
+    if (src / "cmvn.scp").is_file():
+        lines = []
+        for spk, (entry, _) in read_table(src / "cmvn.scp").items():
+            path, colon, offset = entry.rpartition(":")
+            lines.append(f"{spk} {Path(path if colon else entry).resolve()}{colon}{offset}\n")
+        (out / "cmvn.scp").write_text("".join(lines))
+    if (src / "phones.ctm").is_file():
+        with open(src / "phones.ctm") as f, open(out / "phones.ctm", "w") as ctm:
+            ctm.writelines(line for line in f if line.split(maxsplit=1)[0] in kept)
+        table = next((p / "phones.txt" for p in (src, src.parent) if (p / "phones.txt").is_file()), None)
+        if table is None:
+            raise DataError(f"{src}/phones.ctm: no phones.txt beside it or in {src.parent}")
+        shutil.copyfile(table, data / "phones.txt")
+
+
 def prepare_features(conf, exp: Path, work: Path) -> dict:
     where = {}
     for split in ("train", "test"):
-        utts, _ = load_data_dir(exp / "data" / split)
+        data = exp / "data" / split
+        utts, _ = load_data_dir(data)
+        if (data / "feats.scp").is_file():  # the user's Kaldi features stand for the audio
+            if list(conf.augment.speed_perturb) != [1.0]:
+                raise ConfigError(f"{data}/feats.scp: Kaldi features cannot be speed-perturbed; set "
+                                  f"augment.speed_perturb=[1.0] (or perturb in Kaldi: utils/perturb_data_dir_speed.sh)")
+            cmvn = data / "cmvn.scp" if (data / "cmvn.scp").is_file() else None
+            where[split] = str(import_kaldi_features(utts, work, split, data / "feats.scp", cmvn))
+            continue
         if split == "train":
             utts = speed_perturbed(utts, list(conf.augment.speed_perturb))
         where[split] = str(extract_features(utts, work, split, conf.features, conf.data.sample_rate))
     (exp / "features.json").write_text(json.dumps(where, indent=1))
-    return {split: json.loads((Path(p) / "meta.json").read_text()) for split, p in where.items()}
+    caches = {split: FeatureCache(path) for split, path in where.items()}
+    summary = {split: cache.meta for split, cache in caches.items()}
+    for split, cache in caches.items():
+        path = conf.data[f"{split}_ivectors"]
+        if path:
+            summary[split]["speaker_vectors"] = write_vectors(Path(path), cache, exp / "vectors" / f"{split}.npz",
+                                                              conf.data.on_bad_utterance)
+    if conf.train.objective == "ce":
+        num_targets = conf.model.output_dim or None
+        for split, cache in caches.items():  # train first: its alignments fix the number of classes
+            alignments, source, num_targets = frame_alignments(conf, exp, split, cache, num_targets)
+            meta = write_targets(cache, alignments, source, exp / "targets" / split, num_targets,
+                                 conf.data.ali_tolerance, conf.data.on_bad_utterance)
+            summary[split]["targets"] = {k: meta[k] for k in ("source", "num_targets", "frames", "skipped")}
+    return summary
+
+
+def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targets: int | None):
+    """-> (utt -> frame targets, where they came from, number of classes): the configured Kaldi alignments,
+    else the data dir's phone CTM."""
+    path = conf.data[f"{split}_ali"]
+    if path:
+        alignments = read_alignments(Path(path))
+        if num_targets is None:  # Kaldi's pdf ids count from 0
+            num_targets = 1 + max((int(a.max()) for a in alignments.values() if len(a)), default=0)
+        return alignments, path, num_targets
+    ctm = exp / "data" / split / "phones.ctm"
+    if not ctm.is_file():
+        raise DataError(f"train.objective=ce needs frame targets for {split}: set data.{split}_ali to Kaldi "
+                        f"alignments (ali-to-pdf output) or give a phones.ctm and phones.txt with the data dir")
+    phones = read_phone_table(exp / "data" / "phones.txt")
+    f = conf.features
+    alignments = ctm_alignments(ctm, phones, dict(zip(cache.utts, cache.frames.tolist())), f.hop_ms / 1000,
+                                f.win_ms / 1000)
+    return alignments, str(ctm), num_targets or len(phones)
+
+
+def write_vectors(path: Path, cache: FeatureCache, out: Path, on_bad: str) -> dict:
+    """Speaker vectors (i-vectors) by utterance, looked up by utterance id and else by speaker (speed-perturbed
+    copies take their source's) -> counts. An utterance with neither stops the run, or is left out (skip)."""
+    vectors = read_vectors(path)
+    utts, rows, missing = [], [], []
+    for utt, speaker in zip(cache.utts, cache.speakers):
+        key = next((k for k in (utt, source_utt(utt), speaker, source_utt(speaker)) if k in vectors), None)
+        if key is None:
+            if on_bad == "error":
+                raise DataError(f"{path}: no vector for utterance {utt} or its speaker {speaker} "
+                                f"(data.on_bad_utterance=skip leaves such utterances out)")
+            log.warning("%s: no vector for utterance %s or its speaker %s: skipped", path, utt, speaker)
+            missing.append(utt)
+            continue
+        utts.append(utt)
+        rows.append(vectors[key])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, utts=np.array(utts, dtype=str), vectors=np.array(rows, dtype=np.float32))
+    return {"source": str(path), "utterances": len(utts), "dim": len(rows[0]) if rows else 0,
+            "skipped": {"no_speaker_vector": len(missing)} if missing else {}}
 
 
 def main(argv=None) -> int:

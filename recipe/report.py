@@ -23,16 +23,18 @@ def plot(history: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    ce = "frame_acc" in history[0]
+    scores = (("frame_acc", "frame accuracy"),) if ce else (("cer", "CER"), ("wer", "WER"))
     wall = [h["wall_s"] / 60 for h in history]
     epochs = [h["epoch"] for h in history]
     for col, (x, label) in enumerate(((wall, "training wall-clock time (min)"), (epochs, "epoch"))):
         axes[0, col].plot(x, [h["heldout_loss"] for h in history], "o-", label="held-out")
         axes[0, col].plot(x, [h["train_loss"] for h in history], "s--", alpha=0.6, label="train")
-        axes[0, col].set_ylabel("CTC loss per token")
+        axes[0, col].set_ylabel("cross entropy per frame" if ce else "CTC loss per token")
         axes[0, col].legend()
-        axes[1, col].plot(x, [100 * h["cer"] for h in history], "o-", label="CER")
-        axes[1, col].plot(x, [100 * h["wer"] for h in history], "s-", label="WER")
-        axes[1, col].set_ylabel("held-out error (%)")
+        for (key, name), marker in zip(scores, "os"):
+            axes[1, col].plot(x, [100 * h[key] for h in history], f"{marker}-", label=name)
+        axes[1, col].set_ylabel("held-out frame accuracy (%)" if ce else "held-out error (%)")
         axes[1, col].set_xlabel(label)
         axes[1, col].legend()
         for row in range(2):
@@ -54,12 +56,15 @@ def main(argv=None) -> int:
     m = json.loads((exp / "metrics.json").read_text())
     history = read_log(exp)
 
+    scores = (("frame_acc", "frame acc"),) if "frame_acc" in m else (("cer", "CER"), ("wer", "WER"))
     table = Table(title=f"{exp}: {m['strategy'].upper()}, {m['learners']} learners, {m['nodes']} node(s)")
-    for col in ("epoch", "train loss", "held-out loss", "CER %", "WER %", "frames/s", "wall (min)"):
+    for col in ("epoch", "train loss", "held-out loss", *(f"{name} %" for _, name in scores), "frames/s",
+                "wall (min)"):
         table.add_column(col, justify="right")
     for h in history:
-        table.add_row(str(h["epoch"]), f"{h['train_loss']:.3f}", f"{h['heldout_loss']:.3f}", f"{100 * h['cer']:.2f}",
-                      f"{100 * h['wer']:.2f}", f"{h['train_frames_per_s']:.0f}", f"{h['wall_s'] / 60:.1f}")
+        table.add_row(str(h["epoch"]), f"{h['train_loss']:.3f}", f"{h['heldout_loss']:.3f}",
+                      *(f"{100 * h[key]:.2f}" for key, _ in scores), f"{h['train_frames_per_s']:.0f}",
+                      f"{h['wall_s'] / 60:.1f}")
     console.print(table)
 
     summary = Table(title="final", show_header=False)
@@ -70,20 +75,23 @@ def main(argv=None) -> int:
             ("parameters", f"{m['params']:,}"), ("epochs", m["epochs"]),
             ("training wall time", f"{m['wall_s'] / 60:.1f} min"),
             ("training frames/s (all learners)", f"{m['train_frames_per_s']:.0f}"),
-            ("held-out loss", f"{m['heldout_loss']:.3f}"), ("held-out CER", f"{100 * m['cer']:.2f}%"),
-            ("held-out WER", f"{100 * m['wer']:.2f}%")]
+            ("held-out loss", f"{m['heldout_loss']:.3f}"),
+            *((f"held-out {name}", f"{100 * m[key]:.2f}%") for key, name in scores)]
     if m.get("lost_learners"):  # ADPSGD/HYBRID went on without them (RELIABILITY.md)
         first = next(h["epoch"] for h in history if h.get("lost_learners"))
         rows.insert(2, ("[red]lost learners[/red]", f"{m['lost_learners']} in epoch {first}; "
                                                      f"{m['learners'] - len(m['lost_learners'])} went on"))
-    scores = exp / "decode" / "scores.json"
-    if scores.is_file():
-        s = json.loads(scores.read_text())
+    decoded = exp / "decode" / "scores.json"
+    s = json.loads(decoded.read_text()) if decoded.is_file() else None
+    if s and "frame_acc" in s:
+        rows.append(("decode stage frame accuracy", f"{100 * s['frame_acc']:.2f}% (loss {s['heldout_loss']:.3f})"))
+        rows.append(("  scaled log-likelihoods for Kaldi", s["loglikes"]))
+    elif s:
         how = f"beam {s['decode']['beam']}, LM order {s['decode']['lm_order']}" if s["decode"]["beam"] else "greedy"
         rows.append(("decode stage CER / WER", f"{100 * s['cer']:.2f}% / {100 * s['wer']:.2f}% ({how})"))
         rows.append(("  greedy, same weights", f"{100 * s['greedy_cer']:.2f}% / {100 * s['greedy_wer']:.2f}%"))
-        if s["averaged"]:
-            rows.append(("  weights averaged over", ", ".join(s["averaged"])))
+    if s and s["averaged"]:
+        rows.append(("  weights averaged over", ", ".join(s["averaged"])))
     prep = exp / "data" / "prep.json"
     if prep.is_file():
         for split, info in json.loads(prep.read_text()).items():

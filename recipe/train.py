@@ -39,17 +39,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 
 from comm import ProcessLayout, build_strategy, init_distributed
 from comm.health import Heartbeat, LeftBehind
-from model.lstm import count_parameters, ctc_loss
+from model.lstm import count_parameters
 from recipe.config import load_config
 from recipe.dataset import BucketBatchSampler
 from recipe.ds_config import load_ds_config
-from recipe.evaluate import TOTAL_KEYS, evaluate, rates
+from recipe.evaluate import batch_loss, evaluate, rates
 from recipe.experiment import Experiment
 from recipe.progress import progress_bar
 from recipe.schedule import learning_rate
 from recipe.supervisor import declare_goes_on
 
 log = logging.getLogger("recipe.train")
+SCORE_KEYS = ("cer", "wer", "frame_acc")  # held-out scores of CTC and of CE
 
 
 class NonFiniteTraining(RuntimeError):
@@ -126,7 +127,7 @@ def train(args) -> dict:
     if steps_per_epoch == 0:
         raise ValueError(f"{len(sampler)} micro batches per learner cannot make one step of {accum} accumulations")
 
-    engine = build_engine(exp, conf, engine_conf, strategy, train_set.cache.dim, global_batch)
+    engine = build_engine(exp, conf, engine_conf, strategy, train_set.dim, global_batch)
 
     def epoch_batches(epoch: int):
         """-> (micro batch, fraction of the epoch done by all learners together once it is trained)."""
@@ -216,7 +217,7 @@ def train(args) -> dict:
 
             shard = test_batches[strategy.live.index(layout.rank):: len(strategy.live)]
             totals, _ = evaluate(strategy.consensus(engine), test_set, shard, exp.tokens)
-            totals = dict(zip(TOTAL_KEYS, live_sum(strategy, [totals[k] for k in TOTAL_KEYS])))
+            totals = dict(zip(sorted(totals), live_sum(strategy, [totals[k] for k in sorted(totals)])))
             record = {"epoch": epoch, "train_loss": train_loss / len(strategy.live), "lr": lr,
                       "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
                       "learner_micro_steps": micro_steps, "skipped_steps": int(skipped_steps), **rates(totals),
@@ -228,9 +229,9 @@ def train(args) -> dict:
                                     epoch, conf.train.keep_checkpoints)
                 with open(exp.root / "train_log.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
-                log.info("epoch %d done: train loss %.3f  held-out loss %.3f  CER %.2f%%  WER %.2f%%  %.0f frames/s  "
-                         "%.0f s", epoch, record["train_loss"], record["heldout_loss"], 100 * record["cer"],
-                         100 * record["wer"], record["train_frames_per_s"], epoch_wall)
+                scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
+                log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", epoch,
+                         record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"], epoch_wall)
                 if record.get("lost_learners"):
                     log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
                                 len(strategy.live), layout.world_size)
@@ -245,8 +246,9 @@ def train(args) -> dict:
                "micro_batch": micro, "gradient_accumulation_steps": accum, "global_batch": global_batch,
                "node_batch": node_batch, "epochs": conf.train.epochs, "params": count_parameters(engine.module),
                "wall_s": train_wall, "train_frames_per_s": train_frames / max(train_wall, 1e-9),
-               "heldout_loss": last["heldout_loss"], "cer": last["cer"], "wer": last["wer"],
-               "train_utterances": len(train_set), "test_utterances": len(test_set),
+               "objective": conf.train.objective, "heldout_loss": last["heldout_loss"],
+               **{k: last[k] for k in SCORE_KEYS if k in last},
+               "train_utterances": train_set.num_utterances, "test_utterances": test_set.num_utterances,
                "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
                **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
                "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
@@ -274,15 +276,14 @@ def gradients_finite(model: torch.nn.Module) -> bool:
 
 
 def train_step(engine, strategy, batch: dict) -> tuple[float, bool | None]:
-    """One micro batch: forward, CTC loss, backward (DeepSpeed reduces as its group says), step, hooks.
+    """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), step, hooks.
     -> (loss, applied): applied is None between gradient accumulation boundaries, else whether the optimizer
     step changed the weights. A step with non-finite gradients is skipped: in fp32 here, in bf16 and fp16 by
     DeepSpeed's optimizer (fp16 also skips its loss-scale overflows). The gradients are checked after
     DeepSpeed's reduction, so every learner of a data-parallel group skips alike and replicas stay equal."""
     dtype = next(engine.module.parameters()).dtype
     logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
-    loss = ctc_loss(logits, out_lengths, batch["targets"].to(engine.device),
-                    batch["target_lengths"].to(engine.device))
+    loss = batch_loss(logits, out_lengths, batch)
     engine.backward(loss)
     boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
     skipped_before = engine.skipped_steps

@@ -97,10 +97,32 @@ def test_non_utf8_text(tmp_path):
         load_data_dir(d)
 
 
-def test_pipe_entries_are_refused_clearly(tmp_path):
-    d = make_dir(tmp_path, {"s1-a": "one"})
-    (d / "wav.scp").write_text("s1-a sox in.wav -t wav - |\n")
-    with pytest.raises(DataError, match=r"wav\.scp:1: s1-a: pipe commands"):
+def test_pipe_commands_with_segments_read_the_piped_audio(tmp_path):
+    """Kaldi's Switchboard form: a recording produced by a command, cut into utterances by segments. The
+    features of each segment equal those of the same samples read from the file."""
+    from omegaconf import OmegaConf
+
+    from recipe.features import compute_features, load_audio
+
+    d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
+    wav = tmp_path / "wav" / "rec1.wav"
+    (d / "wav.scp").write_text(f"rec1 cat {wav} |\n")
+    (d / "segments").write_text("sw-u1 rec1 0.0 1.0\nsw-u2 rec1 1.5 -1\n")
+    (d / "text").write_text("sw-u1 one\nsw-u2 two\n")
+    (d / "utt2spk").write_text("sw-u1 sw\nsw-u2 sw\n")
+    utts, _ = load_data_dir(d)
+    assert [(u.start, u.end) for u in utts] == [(0.0, 1.0), (1.5, 3.0)] and utts[0].audio.endswith("|")
+    samples, _ = soundfile.read(wav, dtype="float32")
+    conf = OmegaConf.create({"n_mels": 20, "win_ms": 25.0, "hop_ms": 10.0, "deltas": False})
+    for u, (a, b) in zip(utts, ((0, SR), (int(1.5 * SR), None))):
+        np.testing.assert_array_equal(compute_features(load_audio(u, SR), SR, conf),
+                                      compute_features(samples[a:b], SR, conf))
+
+
+def test_a_failing_pipe_command_is_found_before_training(tmp_path):
+    d = make_dir(tmp_path, {"s1-a": "one", "s1-b": "two"})
+    (d / "wav.scp").write_text(f"s1-a {tmp_path}/wav/s1-a.wav\ns1-b sph2pipe -f wav /no/such.sph |\n")
+    with pytest.raises(DataError, match=r"wav\.scp:2: s1-b: command exited with status 127"):
         load_data_dir(d)
 
 

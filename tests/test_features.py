@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from model.lstm import LSTMAcousticModel
 from recipe.config import FeatureConf
 from recipe.data import load_data_dir
-from recipe.dataset import BucketBatchSampler, CTCDataset
+from recipe.dataset import BucketBatchSampler, CTCDataset, FeatureReader
 from recipe.evaluate import evaluate
 from recipe.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
 from tests.test_data import make_dir
@@ -51,9 +51,9 @@ def test_audio_at_any_rate_is_resampled(tmp_path):
 def test_cache_is_reused_and_keyed_by_config(tmp_path):
     utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(6)}))
     first = extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
-    stamp = (first / "feats.f32").stat().st_mtime_ns
+    stamp = (first / "feats-00000.f32").stat().st_mtime_ns
     again = extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
-    assert again == first and (first / "feats.f32").stat().st_mtime_ns == stamp  # found, not recomputed
+    assert again == first and (first / "feats-00000.f32").stat().st_mtime_ns == stamp  # found, not recomputed
     other = extract_features(utts, tmp_path / "feats", "train", OmegaConf.merge(CONF, {"n_mels": 24}), 16000,
                              progress=False)
     assert other != first and FeatureCache(other).dim == 72
@@ -61,7 +61,27 @@ def test_cache_is_reused_and_keyed_by_config(tmp_path):
                                   16000, progress=False)
     cache, cache1 = FeatureCache(first), FeatureCache(one_worker)
     assert cache.utts == [u.utt for u in utts] and len(cache) == 6
-    np.testing.assert_array_equal(cache.data, cache1.data)  # same bytes whatever the number of workers
+    for i in range(len(cache)):  # same bytes whatever the number of workers
+        np.testing.assert_array_equal(cache[i], cache1[i])
+
+
+def test_shards_and_ranges_read_what_was_written(tmp_path):
+    """Tiny shards: every utterance lands whole in one shard, ranges read the right rows, and the per-speaker
+    sums gathered while writing equal the features' own."""
+    utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(6)}))
+    whole = FeatureCache(extract_features(utts, tmp_path / "one", "train", CONF, 16000, progress=False))
+    sharded = FeatureCache(extract_features(utts, tmp_path / "many", "train", CONF, 16000, progress=False,
+                                            shard_bytes=whole.dim * 4 * 150))
+    assert len(set(sharded.shards.tolist())) > 2 and len(set(whole.shards.tolist())) == 1
+    for i in range(len(whole)):
+        np.testing.assert_array_equal(sharded[i], whole[i])
+        np.testing.assert_array_equal(sharded.read(i, 5, 17), whole[i][5:17])
+    assert sharded.read(0, 90, 10_000).shape == (whole.frames[0] - 90, whole.dim)  # stop is clipped
+    for speaker, (n, s1, s2) in sharded.speaker_sums().items():
+        x = np.concatenate([whole[i] for i in range(len(whole)) if whole.speakers[i] == speaker]).astype(np.float64)
+        assert n == len(x)
+        np.testing.assert_allclose(s1, x.sum(0), rtol=1e-9)
+        np.testing.assert_allclose(s2, (x * x).sum(0), rtol=1e-9)
 
 
 def test_normalization_modes(tmp_path):
@@ -71,7 +91,7 @@ def test_normalization_modes(tmp_path):
     texts = {u.utt: u.text for u in utts}
     for mode, group_of in (("global", lambda u: "*"), ("speaker", lambda u: u.split("-")[0]),
                            ("utterance", lambda u: u)):
-        data = CTCDataset(cache, texts, tokens, mode, stack=1)
+        data = CTCDataset(FeatureReader(cache, mode), texts, tokens, stack=1)
         groups: dict[str, list] = {}
         for k in range(len(data)):
             groups.setdefault(group_of(data.utt(k)), []).append(data.features(k))
@@ -79,7 +99,7 @@ def test_normalization_modes(tmp_path):
             x = np.concatenate(x)
             np.testing.assert_allclose(x.mean(0), 0, atol=1e-3)
             np.testing.assert_allclose(x.std(0), 1, atol=1e-2)
-    raw = CTCDataset(cache, texts, tokens, "none", stack=1)
+    raw = CTCDataset(FeatureReader(cache, "none"), texts, tokens, stack=1)
     np.testing.assert_array_equal(raw.features(0), cache[0])
     assert set(cmvn_stats(cache, "speaker")) == {"s0", "s1"}
 
@@ -87,12 +107,13 @@ def test_normalization_modes(tmp_path):
 def test_too_short_for_ctc_is_skipped_and_counted(tmp_path):
     utts, _ = load_data_dir(make_dir(tmp_path, {"s-a": "a b a", "s-b": "aaaa aaaa aaaa"}, seconds=0.1))
     cache = FeatureCache(extract_features(utts, tmp_path / "f", "x", CONF, 16000, progress=False))
-    data = CTCDataset(cache, {u.utt: u.text for u in utts}, ["<blank>", " ", "a", "b"], "none", stack=1)
+    data = CTCDataset(FeatureReader(cache, "none"), {u.utt: u.text for u in utts}, ["<blank>", " ", "a", "b"], stack=1)
     # 8 frames: enough for 5 tokens, not for 14 tokens with 6 repeats needing blanks in between
     assert [data.utt(k) for k in range(len(data))] == ["s-a"] and data.skipped == {"too_short_for_ctc": 1}
     # a held-out set keeps it: decoded and counted in the error rates, left out of the loss
     tokens = ["<blank>", " ", "a", "b"]
-    held_out = CTCDataset(cache, {u.utt: u.text for u in utts}, tokens, "none", stack=1, keep_too_short=True)
+    held_out = CTCDataset(FeatureReader(cache, "none"), {u.utt: u.text for u in utts}, tokens, stack=1,
+                          keep_too_short=True)
     assert len(held_out) == 2 and held_out.scorable == [True, False] and not held_out.skipped
     model = LSTMAcousticModel(cache.dim, len(tokens), layers=1, hidden=8)
     both, decoded = evaluate(model, held_out, [[0, 1]], tokens)
