@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"evaluate: only decode.* settings can change after training, not {bad}")
     conf = load_config(exp.root / "conf.yaml", args.overrides)
-    out = exp.root / args.out
+    out = (exp.root / args.out).resolve()  # the loglikes scp names its ark by this path
     out.mkdir(exist_ok=True)
     model, meta = exp.load_model(args.checkpoint, average_last=conf.decode.average_last)
     data = exp.dataset("test")

@@ -48,7 +48,7 @@ def load_audio(u: Utterance, sample_rate: int) -> np.ndarray:
     try:
         if command is not None:
             if _LAST_PIPE is None or _LAST_PIPE[0] != command:
-                _LAST_PIPE = (command, *read_pipe_audio(command, f"utterance {u.utt}"))
+                _LAST_PIPE = (command, *read_pipe_audio(command, f"utterance {u.utt} ({u.audio})"))
             _, samples, rate = _LAST_PIPE
             wave = samples[int(round(u.start * rate)): None if u.end is None else int(round(u.end * rate))]
         else:
