@@ -25,14 +25,14 @@ class ConfigError(ValueError):
 @dataclass
 class DataConf:
     # synth: the built-in espeak-ng corpus; kaldi: train_dir/test_dir given by the user; a public corpus by
-    # name (recipe/corpora.py: fsdd) prepared from its local folder corpus_dir
+    # name (recipe/corpora.py: fsdd, librispeech, an4) prepared from its local folder corpus_dir
     corpus: str = "synth"
     train_dir: Optional[str] = None  # Kaldi data dirs (wav.scp, text, optional utt2spk, segments)
     test_dir: Optional[str] = None
     corpus_dir: Optional[str] = None  # a public corpus's local folder, in its distribution layout
-    heldout_speakers: List[str] = field(default_factory=list)  # their recordings are the test set (fsdd)
-    train_sets: List[str] = field(default_factory=list)  # a corpus's subsets for training (librispeech: train-clean-100)
-    test_sets: List[str] = field(default_factory=list)  # ... and for the held-out set (librispeech: test-clean)
+    heldout_speakers: List[str] = field(default_factory=list)  # fsdd: their recordings are the test set
+    train_sets: List[str] = field(default_factory=list)  # librispeech: subsets for training (train-clean-100)
+    test_sets: List[str] = field(default_factory=list)  # ... and for the held-out set (test-clean)
     # frame targets for the CE objective (train.objective=ce): Kaldi alignments (`ali-to-pdf` text, or .scp/.ark);
     # unset: the data dir's ali.txt (the built-in corpus writes its own from espeak-ng's phoneme timings)
     train_ali: Optional[str] = None
@@ -196,7 +196,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"augment.time_mask_ratio must be in [0, 1], got {a.time_mask_ratio}")
     if cfg.train.objective == "ce":
         if cfg.model.stack != 1:
-            raise ConfigError(f"train.objective=ce scores every 10 ms frame: model.stack must be 1, got {cfg.model.stack}")
+            raise ConfigError(f"train.objective=ce scores every 10 ms frame: model.stack must be 1, got "
+                              f"{cfg.model.stack}")
         if list(a.speed_perturb) != [1.0]:
             raise ConfigError(f"train.objective=ce: alignments are of the original audio; augment.speed_perturb must "
                               f"be [1.0], got {list(a.speed_perturb)}")
