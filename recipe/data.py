@@ -57,8 +57,11 @@ def read_table(path: Path) -> dict[str, tuple[str, int]]:
     return table
 
 
-def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf")) -> tuple[list[Utterance], Counter]:
-    """Read and check a data dir -> (utterances sorted by id, counts of what was skipped and why)."""
+def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
+                  on_bad: str = "error") -> tuple[list[Utterance], Counter]:
+    """Read and check a data dir -> (utterances sorted by id, counts of what was skipped and why).
+    on_bad="skip" (data.on_bad_utterance): an unreadable recording (a failing pipe command, a corrupt file) or a
+    segment outside its recording is left out, with a warning, and counted, instead of stopping the run."""
     d = Path(data_dir)
     if (d / "feats.scp").is_file():
         return _load_feats_dir(d)
@@ -70,17 +73,34 @@ def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf")) -> tu
     utt2spk = read_table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
     skipped: Counter = Counter()
 
+    def checked(kind: str, check, *args):
+        """check(*args), or None (counted under kind) for a DataError when bad utterances are skipped."""
+        try:
+            return check(*args)
+        except DataError as err:
+            if on_bad == "error":
+                raise
+            log.warning("%s: skipped", err)
+            skipped[kind] += 1
+            return None
+
     recordings = {rec: _audio_path(d / "wav.scp", lineno, rec, entry) for rec, (entry, lineno) in wav_scp.items()}
     with ThreadPoolExecutor(8) as pool:  # pipe commands run to learn their length: several at once
         durations = dict(zip(recordings, pool.map(
-            lambda rec: _duration(d / "wav.scp", wav_scp[rec][1], rec, recordings[rec]), recordings)))
+            lambda rec: checked("unreadable_audio", _duration, d / "wav.scp", wav_scp[rec][1], rec, recordings[rec]),
+            recordings)))
+    durations = {rec: seconds for rec, seconds in durations.items() if seconds is not None}
     if (d / "segments").is_file():
         audio = {}
         for utt, (entry, lineno) in read_table(d / "segments").items():
-            audio[utt] = _segment(d / "segments", lineno, utt, entry, durations)
-        skipped["recording_without_segments"] = len(set(recordings) - {a[0] for a in audio.values()})
+            if entry.split()[:1] and entry.split()[0] in set(recordings) - set(durations):
+                continue  # of an unreadable recording, skipped and counted above
+            segment = checked("bad_segment", _segment, d / "segments", lineno, utt, entry, durations)
+            if segment is not None:
+                audio[utt] = segment
+        skipped["recording_without_segments"] = len(set(durations) - {a[0] for a in audio.values()})
     else:
-        audio = {utt: (utt, 0.0, None) for utt in recordings}
+        audio = {utt: (utt, 0.0, None) for utt in durations}
 
     utts = []
     for utt in sorted(set(audio) | set(text)):

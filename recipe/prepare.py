@@ -61,7 +61,7 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
         sources = prepare_corpus(d.corpus, d, work / f"{d.corpus}-{key[:10]}")
     summary, utts = {}, {}
     for split, src in sources.items():
-        utts[split], skipped = load_data_dir(src, d.max_utt_seconds)
+        utts[split], skipped = load_data_dir(src, d.max_utt_seconds, d.on_bad_utterance)
         summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
     if d.mix_synth:  # the built-in corpus's many voices added to a real corpus's training set
         mixed, _ = load_data_dir(synthesized(conf, work, d.mix_synth, 0) / "train", d.max_utt_seconds)

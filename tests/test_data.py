@@ -126,6 +126,19 @@ def test_a_failing_pipe_command_is_found_before_training(tmp_path):
         load_data_dir(d)
 
 
+def test_bad_recordings_and_segments_can_be_skipped_and_counted(tmp_path):
+    d = make_dir(tmp_path, {"r1": "x", "r2": "x"}, seconds=2.0)
+    (d / "wav.scp").write_text(f"r1 {tmp_path}/wav/r1.wav\nr2 sh -c 'exit 3' |\nr3 {tmp_path}/wav/r2.wav\n")
+    (d / "segments").write_text("a-1 r1 0.0 1.0\na-2 r1 5.0 6.0\nb-1 r2 0.0 1.0\nc-1 r3 0.5 1.5\n")
+    (d / "text").write_text("a-1 one\na-2 two\nb-1 three\nc-1 four\n")
+    (d / "utt2spk").unlink()
+    with pytest.raises(DataError, match=r"wav\.scp:2: r2: command exited with status 3"):
+        load_data_dir(d)
+    utts, skipped = load_data_dir(d, on_bad="skip")
+    assert [u.utt for u in utts] == ["a-1", "c-1"]
+    assert skipped["unreadable_audio"] == 1 and skipped["bad_segment"] == 1 and skipped["text_without_audio"] == 2
+
+
 def test_segments(tmp_path):
     d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
     (d / "segments").write_text("u1 rec1 0.0 1.0\nu2 rec1 1.5 -1\n")
