@@ -10,6 +10,9 @@ Why it is built this way:
   generalization to new speakers rather than memorization (or a completely unknown voice).
 * Noise at a random SNR and random leading/trailing silence keep the task from being trivially clean.
 * Everything derives from (seed, split, utterance index), so output is byte-identical for any worker count.
+* Exact phone timings come for free: espeak reports each phoneme with its sample position in the audio it
+  generates, so every split also gets phones.ctm (whole utterance covered, silence as `sil`), with the phone
+  table phones.txt in the corpus root: frame-level targets for a cross-entropy objective, no aligner needed.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -34,6 +38,7 @@ DIGITS = ["zero", "oh", "one", "two", "three", "four", "five", "six", "seven", "
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 COMMANDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go",
             "start", "open", "close", "play", "next", "back"]
+VOCABULARY = DIGITS + LETTERS + COMMANDS
 LANGUAGE = "en-us"
 VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt", "croak"]
 RATES = [130, 150, 170, 190, 210]         # words per minute
@@ -45,13 +50,40 @@ SNR_DB = (15.0, 35.0)
 PAD_SECONDS = (0.05, 0.3)
 PEAK = 0.9
 SPLIT_CODES = {"train": 0, "test": 1}
+SIL = "sil"                               # every pause phoneme and all leading/trailing/inter-word silence
 
 # espeak-ng speak_lib.h constants
 AUDIO_OUTPUT_SYNCHRONOUS = 2
 POS_CHARACTER = 1
 espeakCHARS_UTF8, espeakSSML = 0x1, 0x10
 espeakRATE, espeakPITCH, espeakRANGE = 1, 3, 4
-SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+espeakEVENT_LIST_TERMINATED, espeakEVENT_PHONEME = 0, 7
+
+
+class EspeakEventId(ctypes.Union):
+    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8)]
+
+
+class EspeakEvent(ctypes.Structure):
+    """speak_lib.h espeak_EVENT. `sample` is the event's position in the synthesized audio (samples at espeak's
+    rate, counted from the start of the espeak_Synth call); a phoneme event's name is in id.string."""
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", EspeakEventId)]
+
+
+SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                                  ctypes.POINTER(EspeakEvent))
+
+
+def phone_label(mnemonic: str) -> str:
+    """espeak phoneme mnemonic -> our phone label. We use espeak's own ASCII mnemonics, not its IPA: they name
+    exactly the phoneme the synthesizer played (IPA merges some, e.g. t and the unaspirated t2 of "stop"), are
+    safe tokens for a Kaldi symbol table, and give the pauses names (IPA gives them none). Stress marks (' and ,)
+    are dropped: they depend on the neighbouring words (a word's stress is demoted next to another one), and a
+    frame classifier should learn the phone, not sentence prosody. All pauses (_ _: _! ...) are silence."""
+    name = mnemonic.lstrip("',%=")
+    return SIL if name.startswith("_") else name
 
 
 def espeak_paths() -> tuple[str, str]:
@@ -77,7 +109,7 @@ class Espeak:
     noise generators) carries over from one utterance to the next, and espeak_Terminate/Initialize does not reset
     it, so the same call gives slightly different audio (even a different length) depending on history. We
     therefore never synthesize in this process: each utterance runs in a fork() of the pristine, just-initialized
-    state, with fixed random seeds, and the child sends the samples back through a pipe (~7 ms per fork)."""
+    state, with fixed random seeds, and the child sends its result back through a pipe (~7 ms per fork)."""
 
     def __init__(self):
         lib_path, data_path = espeak_paths()
@@ -89,30 +121,54 @@ class Espeak:
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+        lib.espeak_ng_SetPhonemeEvents.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
                                      ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
         self.sample_rate = lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
         if self.sample_rate <= 0:
             raise RuntimeError(f"espeak_Initialize failed (returned {self.sample_rate}) with data path {data_path}")
+        if lib.espeak_ng_SetPhonemeEvents(1, 0) != 0:  # enable phoneme events, names as mnemonics (ipa=0)
+            raise RuntimeError("espeak_ng_SetPhonemeEvents failed")
         self._chunks: list[np.ndarray] = []
+        self._phones: list[tuple[int, str]] = []
         self._callback = SYNTH_CALLBACK(self._collect)  # keep a reference, or ctypes frees it under espeak
         lib.espeak_SetSynthCallback(self._callback)
         self.libc = ctypes.CDLL(None)  # espeak's wavegen also draws from libc rand()
 
-    def _collect(self, wav, n, _events) -> int:
+    def _collect(self, wav, n, events) -> int:
         if n > 0:
             self._chunks.append(np.frombuffer(ctypes.string_at(wav, 2 * n), dtype=np.int16))  # copies
+        i = 0
+        while events and events[i].type != espeakEVENT_LIST_TERMINATED:
+            if events[i].type == espeakEVENT_PHONEME:
+                self._phones.append((events[i].sample, phone_label(events[i].id.string.decode())))
+            i += 1
         return 0  # 0 = continue synthesis
 
-    def synth(self, ssml: str, variant: str, rate: int, pitch: int, pitch_range: int, seed: int) -> np.ndarray:
-        """int16 samples at self.sample_rate, identical for identical arguments (see class docstring)."""
+    def synth(self, ssml: str, variant: str, rate: int, pitch: int, pitch_range: int,
+              seed: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """(int16 samples at self.sample_rate, phones), identical for identical arguments (see class docstring).
+        phones: (onset sample, label) in time order; each phone lasts until the next onset, the last one until
+        the end of the samples."""
+        samples, phones = self._in_child(self._synth_here, ssml, variant, rate, pitch, pitch_range, seed)
+        if not len(samples):
+            raise RuntimeError(f"espeak-ng produced no audio for {ssml!r} ({LANGUAGE}+{variant})")
+        return samples, phones
+
+    def phone_set(self, ssml_texts: list[str]) -> set[str]:
+        """Every phone label espeak uses to speak these texts (default voice: the phonemes depend on the language
+        and the words, not on voice variant, rate or pitch)."""
+        return self._in_child(self._phone_set_here, ssml_texts)
+
+    def _in_child(self, fn, *args):
+        """fn(*args) run in a fork() of this process (which stays pristine); its result comes back pickled."""
         read_fd, write_fd = os.pipe()
         pid = os.fork()
-        if pid == 0:  # child: synthesize, send raw samples, exit without running any Python cleanup
+        if pid == 0:  # child: run, send the result, exit without running any Python cleanup
             try:
                 os.close(read_fd)
                 with os.fdopen(write_fd, "wb") as pipe:
-                    pipe.write(self._synth_here(ssml, variant, rate, pitch, pitch_range, seed).tobytes())
+                    pickle.dump(fn(*args), pipe, protocol=pickle.HIGHEST_PROTOCOL)
                 os._exit(0)
             except BaseException as e:  # noqa: BLE001 - report, then never return into the caller's code
                 sys.stderr.write(f"espeak-ng child process: {e!r}\n")
@@ -122,8 +178,8 @@ class Espeak:
         with os.fdopen(read_fd, "rb") as pipe:
             data = pipe.read()  # read to EOF before waiting: the audio is larger than a pipe buffer
         if os.waitpid(pid, 0)[1] != 0 or not data:
-            raise RuntimeError(f"espeak-ng synthesis failed for {ssml!r} ({LANGUAGE}+{variant})")
-        return np.frombuffer(data, dtype=np.int16)
+            raise RuntimeError(f"espeak-ng synthesis failed: {fn.__name__}{args[:2]} ({LANGUAGE})")
+        return pickle.loads(data)
 
     def _synth_here(self, ssml: str, variant: str, rate: int, pitch: int, pitch_range: int, seed: int):
         self.lib.espeak_ng_SetRandSeed(seed)
@@ -132,12 +188,23 @@ class Espeak:
             raise RuntimeError(f"espeak_SetVoiceByName failed for {LANGUAGE}+{variant}")
         for param, value in ((espeakRATE, rate), (espeakPITCH, pitch), (espeakRANGE, pitch_range)):
             self.lib.espeak_SetParameter(param, value, 0)
-        self._chunks = []
+        return self._speak(ssml)
+
+    def _phone_set_here(self, ssml_texts: list[str]) -> set[str]:
+        if self.lib.espeak_SetVoiceByName(LANGUAGE.encode()) != 0:
+            raise RuntimeError(f"espeak_SetVoiceByName failed for {LANGUAGE}")
+        return {label for text in ssml_texts for _, label in self._speak(text)[1]}
+
+    def _speak(self, ssml: str) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        self._chunks, self._phones = [], []
         text = ssml.encode() + b"\0"
         err = self.lib.espeak_Synth(text, len(text), 0, POS_CHARACTER, 0, espeakCHARS_UTF8 | espeakSSML, None, None)
         if err != 0 or self.lib.espeak_Synchronize() != 0:
             raise RuntimeError(f"espeak_Synth failed ({err}) for {ssml!r}")
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        if any(a[0] > b[0] for a, b in zip(self._phones, self._phones[1:])):
+            raise RuntimeError(f"espeak-ng phoneme events out of order for {ssml!r}: {self._phones}")
+        samples = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
+        return samples, self._phones
 
 
 def make_sentence(rng: np.random.Generator) -> list[str]:
@@ -190,8 +257,9 @@ def speaker_id(variant: str, rate: int, pitch: int) -> str:
     return f"{variant}-r{rate:03d}-p{pitch:02d}"
 
 
-def add_noise_and_pad(speech: np.ndarray, rate: int, rng: np.random.Generator) -> np.ndarray:
-    """Random leading/trailing silence, white or pink noise at a random SNR, then peak normalization."""
+def add_noise_and_pad(speech: np.ndarray, rate: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """Random leading/trailing silence, white or pink noise at a random SNR, then peak normalization.
+    Returns (audio, length of the leading silence in samples): where the speech starts."""
     lead, trail = (int(rng.uniform(*PAD_SECONDS) * rate) for _ in range(2))
     x = np.concatenate([np.zeros(lead), speech, np.zeros(trail)])
     noise = rng.standard_normal(len(x))
@@ -204,48 +272,92 @@ def add_noise_and_pad(speech: np.ndarray, rate: int, rng: np.random.Generator) -
     snr = rng.uniform(*SNR_DB)
     noise *= math.sqrt(np.mean(speech ** 2) / (np.mean(noise ** 2) * 10 ** (snr / 10)))
     x = x + noise
-    return x * (PEAK / max(np.max(np.abs(x)), 1e-9))
+    return x * (PEAK / max(np.max(np.abs(x)), 1e-9)), lead
+
+
+def phone_segments(phones: list[tuple[int, str]], to_out, speech_end: int, n_out: int,
+                   rate: int) -> list[tuple[int, int, str]]:
+    """espeak's phone onsets -> contiguous (start ms, end ms, label) covering the written audio [0, n_out).
+
+    to_out maps an espeak sample position to the written audio (clamped to the kept speech, which ends at
+    speech_end): a phone lasts from its onset to the next one's, what lies before the first onset or after
+    speech_end is silence. Boundaries are rounded to whole milliseconds once, so segments stay contiguous;
+    a phone that rounds to nothing (cut away with espeak's silence) is left out, adjacent silences merge."""
+    onsets = [0] + [to_out(sample) for sample, _ in phones] + [speech_end]
+    labels = [SIL] + [label for _, label in phones] + [SIL]
+    ms = [round(s * 1000 / rate) for s in onsets[1:] + [n_out]]
+    segments: list[tuple[int, int, str]] = []
+    for start, end, label in zip([0] + ms[:-1], ms, labels):
+        if end <= start:
+            continue
+        if segments and label == SIL == segments[-1][2]:
+            segments[-1] = (segments[-1][0], end, SIL)
+        else:
+            segments.append((start, end, label))
+    return segments
 
 
 _ESPEAK: Espeak | None = None  # one pristine instance per pool worker; synthesis itself runs in its forks
 
 
-def synth_utterance(job: tuple) -> float:
-    """Synthesize one utterance to a 16-bit WAV; returns its duration in seconds."""
+def worker_espeak() -> Espeak:
     global _ESPEAK
     if _ESPEAK is None:
         _ESPEAK = Espeak()
+    return _ESPEAK
+
+
+def synth_utterance(job: tuple) -> tuple[float, list[tuple[int, int, str]]]:
+    """Synthesize one utterance to a 16-bit WAV; returns (duration in seconds, phone segments in ms)."""
+    espeak = worker_espeak()
     wav_path, words, (variant, rate, pitch, pitch_range), noise_seed, sample_rate = job
     rng = np.random.default_rng(noise_seed)
     espeak_seed = int(rng.integers(2**31))
-    raw = _ESPEAK.synth(to_ssml(words), variant, rate, pitch, pitch_range, espeak_seed).astype(np.float64) / 32768.0
+    samples, phones = espeak.synth(to_ssml(words), variant, rate, pitch, pitch_range, espeak_seed)
+    raw = samples.astype(np.float64) / 32768.0
     loud = np.nonzero(np.abs(raw) > 0.01 * np.max(np.abs(raw)))[0]  # trim espeak's own silence; we add ours
     raw = raw[loud[0]:loud[-1] + 1]
-    speech = soxr.resample(raw, _ESPEAK.sample_rate, sample_rate, quality="HQ")
-    audio = add_noise_and_pad(speech, sample_rate, rng)
+    speech = soxr.resample(raw, espeak.sample_rate, sample_rate, quality="HQ")
+    audio, lead = add_noise_and_pad(speech, sample_rate, rng)
     sf.write(wav_path, np.round(audio * 32767).astype(np.int16), sample_rate, subtype="PCM_16")
-    return len(audio) / sample_rate
+
+    # Where espeak's phone onsets land in the written audio: minus the trimmed start, at the new rate (soxr
+    # compensates its filter delay, so sample t maps to t * ratio), after the leading pad; clamped to the speech.
+    ratio = sample_rate / espeak.sample_rate
+    to_out = lambda t: lead + min(max(round((t - loud[0]) * ratio), 0), len(speech))  # noqa: E731
+    return len(audio) / sample_rate, phone_segments(phones, to_out, lead + len(speech), len(audio), sample_rate)
 
 
-def write_kaldi_dir(data_dir: Path, utts: list[tuple[str, str, str, str]]) -> None:
-    """utts: (utt_id, speaker, wav_path, transcript), written sorted by utterance id."""
+def vocabulary_phones(word: str) -> set[str]:
+    """The phones of `word` alone and before every vocabulary word: cross-word effects add phones no word has
+    alone ("three eight" links i: and eI with `;`). Pairs are enough: longer contexts add nothing (checked on
+    thousands of sentences), and espeak is fast on them (~1 ms each)."""
+    return worker_espeak().phone_set([to_ssml([word])] + [to_ssml([word, w]) for w in VOCABULARY])
+
+
+def write_kaldi_dir(data_dir: Path, utts: list[tuple[str, str, str, str, list]]) -> None:
+    """utts: (utt_id, speaker, wav_path, transcript, phone segments in ms), written sorted by utterance id;
+    phones.ctm: `utt 1 start duration phone` (seconds, 3 decimals), the segments of each utterance in order."""
     data_dir.mkdir(parents=True, exist_ok=True)
     utts = sorted(utts)
     spk2utt: dict[str, list[str]] = {}
-    for utt, spk, _, _ in utts:
+    for utt, spk, *_ in utts:
         spk2utt.setdefault(spk, []).append(utt)
-    (data_dir / "wav.scp").write_text("".join(f"{u} {w}\n" for u, _, w, _ in utts))
-    (data_dir / "text").write_text("".join(f"{u} {t}\n" for u, _, _, t in utts))
-    (data_dir / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s, _, _ in utts))
+    (data_dir / "wav.scp").write_text("".join(f"{u} {w}\n" for u, _, w, _, _ in utts))
+    (data_dir / "text").write_text("".join(f"{u} {t}\n" for u, _, _, t, _ in utts))
+    (data_dir / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s, _, _, _ in utts))
     (data_dir / "spk2utt").write_text("".join(f"{s} {' '.join(us)}\n" for s, us in sorted(spk2utt.items())))
+    (data_dir / "phones.ctm").write_text("".join(f"{u} 1 {a / 1000:.3f} {(b - a) / 1000:.3f} {phone}\n"
+                                                 for u, *_, segments in utts for a, b, phone in segments))
 
 
 def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 300, seed: int = 0,
                       sample_rate: int = 16000, num_workers: int = 2, progress: bool = True) -> dict:
     """Writes out_dir/train and out_dir/test as Kaldi data dirs (wav.scp, text, utt2spk, spk2utt, all sorted by
     utterance id, utterance ids prefixed by speaker id so sorting is consistent), audio as 16-bit PCM WAV under
-    out_dir/wav/{train,test}/<utt>.wav with ABSOLUTE paths in wav.scp. Returns a summary dict
-    (counts, hours of audio per split, voices used per split)."""
+    out_dir/wav/{train,test}/<utt>.wav with ABSOLUTE paths in wav.scp, phone timings as phones.ctm in each data dir
+    and their symbol table as out_dir/phones.txt (sil = 0, the others sorted). Returns a summary dict (counts,
+    hours of audio, voices and phone segments per split; size of the phone table)."""
     espeak_paths()  # fail fast, in this process, with a clear message
     out_dir = Path(out_dir).resolve()
     start = time.time()
@@ -266,19 +378,28 @@ def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 30
     chunksize = max(1, min(16, len(jobs) // (4 * max(1, num_workers))))  # small corpora still use every worker
     columns = (TextColumn("synthesizing (espeak-ng)"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with mp.get_context("spawn").Pool(max(1, num_workers)) as pool, progress_bar(*columns, enabled=progress) as bar:
+        # The phone table comes from the vocabulary, not from the utterances, so it is the same for train and
+        # test and for every corpus size and seed.
+        inventory = set().union(*pool.map(vocabulary_phones, VOCABULARY)) - {SIL}
         task = bar.add_task("", total=len(jobs))
-        durations = []
-        for seconds in pool.imap(synth_utterance, jobs, chunksize=chunksize):
-            durations.append(seconds)
+        results = []
+        for result in pool.imap(synth_utterance, jobs, chunksize=chunksize):
+            results.append(result)
             bar.advance(task)
 
-    summary: dict = {"out_dir": str(out_dir), "seed": seed, "sample_rate": sample_rate}
+    unknown = {phone for _, segments in results for *_, phone in segments} - inventory - {SIL}
+    if unknown:  # a context the vocabulary pass did not cover: the table would not describe the data
+        raise RuntimeError(f"espeak-ng used phones {sorted(unknown)} that are not in the vocabulary's phone set")
+    (out_dir / "phones.txt").write_text("".join(f"{p} {i}\n" for i, p in enumerate([SIL] + sorted(inventory))))
+    summary: dict = {"out_dir": str(out_dir), "seed": seed, "sample_rate": sample_rate,
+                     "phones": len(inventory) + 1}
     for split in ("train", "test"):
-        rows = [(e, d) for e, d in zip(entries, durations) if e[0] == split]
-        write_kaldi_dir(out_dir / split, [e[1:5] for e, _ in rows])
+        rows = [(e, r) for e, r in zip(entries, results) if e[0] == split]
+        write_kaldi_dir(out_dir / split, [e[1:5] + (segments,) for e, (_, segments) in rows])
         summary[split] = {"utterances": len(rows), "speakers": len({e[2] for e, _ in rows}),
-                          "hours": round(sum(d for _, d in rows) / 3600, 4),
-                          "variants": sorted({e[5] for e, _ in rows})}
+                          "hours": round(sum(d for _, (d, _) in rows) / 3600, 4),
+                          "variants": sorted({e[5] for e, _ in rows}),
+                          "phone_segments": sum(p != SIL for _, (_, segments) in rows for *_, p in segments)}
     summary["seconds"] = round(time.time() - start, 1)
     return summary
 
