@@ -61,3 +61,25 @@ def test_run_sh_rejects_bad_options_before_doing_work(tmp_path):
     assert not (tmp_path / "corpus").exists()  # failed before synthesizing anything
     assert "--ds-config FILE" in subprocess.run([str(REPO / "run.sh"), "--help"], cwd=REPO, capture_output=True,
                                                 text=True).stdout
+
+
+def test_run_sh_trains_the_papers_ce_objective_on_the_built_in_corpus(tmp_path):
+    """recipe/conf/ce.yaml: frame targets from espeak-ng's phone timings, 21-frame chunks, frame accuracy per
+    epoch, and the decode stage's scaled log-likelihoods for Kaldi."""
+    import kaldiio
+
+    exp = tmp_path / "exp"
+    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "2", "--master-port",
+           str(free_port()), "--conf", "recipe/conf/ce.yaml", *TINY, "model.stack=1", "train.epochs=3",
+           "optim.base_batch=16"]  # sync.json's 8 chunks a learner: enough steps on the tiny corpus
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    targets = json.loads((exp / "targets" / "train" / "meta.json").read_text())
+    majority = max(targets["counts"]) / sum(targets["counts"])  # always guessing the commonest phone (sil)
+    assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] and log[-1]["frame_acc"] > majority + 0.1
+    scores = json.loads((exp / "decode" / "scores.json").read_text())
+    loglikes = dict(kaldiio.load_scp(scores["loglikes"]))
+    test_frames = json.loads((exp / "targets" / "test" / "meta.json").read_text())["frames"]
+    assert sum(len(v) for v in loglikes.values()) == test_frames and scores["frame_acc"] > majority
+    assert "held-out frame acc" in out.stdout  # the report table
