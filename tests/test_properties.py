@@ -4,6 +4,7 @@ exception."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +31,9 @@ def table_line(values: st.SearchStrategy) -> st.SearchStrategy:
 
 
 def scp_entries(audio: str, broken: str) -> st.SearchStrategy:
-    return st.sampled_from([audio, broken, "/no/such.wav", f"sox {audio} -t wav - |", "", "relative.wav"]) | noise
+    # pipe commands are run by the shell: working and failing ones, never random text ending in "|"
+    return st.sampled_from([audio, broken, "/no/such.wav", f"cat {audio} |", f"cat {broken} |", "exit 3 |", "",
+                            "relative.wav"]) | noise.filter(lambda s: not s.rstrip().endswith("|"))
 
 
 def file_content(lines: st.SearchStrategy) -> st.SearchStrategy:
@@ -63,11 +66,15 @@ def test_any_data_dir_loads_or_fails_with_a_data_error(data):
         for name, content in files.items():
             if content is not None:
                 (d / name).write_bytes(content)
+        cwd = os.getcwd()
+        os.chdir(root)  # a random line that happens to be a pipe command runs here, not in the repo
         try:
             utts, skipped = load_data_dir(d)
         except DataError as err:
             assert str(err).startswith(str(d)), err  # every message names the file (and line) it is about
             return
+        finally:
+            os.chdir(cwd)
         assert utts and all(u.text and u.text == " ".join(u.text.split()) for u in utts)
         assert all(u.end is None or 0 <= u.start < u.end for u in utts)
 
