@@ -166,3 +166,16 @@ def test_a_full_disk_while_writing_features_is_a_clear_error_and_leaves_nothing(
                                       r"cached: free some space and rerun the features stage"):
         extract_features(utts, tmp_path / "feats", "train", CONF, 16000, progress=False)
     assert list((tmp_path / "feats").iterdir()) == []  # no half-written cache, no temporary folder
+
+
+def test_a_truncated_shard_is_named(tmp_path):
+    import pytest
+
+    from recipe.data import DataError
+
+    utts, _ = load_data_dir(make_dir(tmp_path, {f"s0-u{i}": "a b" for i in range(2)}))
+    folder = extract_features(utts, tmp_path / "f", "train", CONF, 16000, progress=False)
+    shard = folder / "feats-00000.f32"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    with pytest.raises(DataError, match=r"feats-00000\.f32 is truncated \(utterance s0-u1\)"):
+        FeatureCache(folder)[1]
