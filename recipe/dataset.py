@@ -155,11 +155,12 @@ class ChunkDataset:
         self.skipped["no_speaker_vector"] += sum(targets.has(utt) and not reader.usable(i)
                                                  for i, utt in enumerate(self.cache.utts))
         self.skipped = +self.skipped
+        # int32 per chunk: a 2000-hour corpus has ~34 million chunks (BENCHMARKS.md, features larger than memory)
         counts = -(-self.cache.frames[rows] // chunk)  # chunks per utterance (ceil)
-        self.rows = np.repeat(rows, counts)  # cache row of every chunk
+        self.rows = np.repeat(rows, counts).astype(np.int32)  # cache row of every chunk
         firsts = np.cumsum(counts) - counts
-        self.starts = (np.arange(len(self.rows)) - np.repeat(firsts, counts)) * chunk  # its first frame
-        self.lengths = np.minimum(self.cache.frames[self.rows] - self.starts, chunk)
+        self.starts = ((np.arange(len(self.rows)) - np.repeat(firsts, counts)) * chunk).astype(np.int32)
+        self.lengths = np.minimum(self.cache.frames[self.rows] - self.starts, chunk).astype(np.int32)
         self.num_utterances = len(rows)
 
     def __len__(self) -> int:
