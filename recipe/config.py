@@ -42,6 +42,7 @@ class DataConf:
     train_ivectors: Optional[str] = None
     test_ivectors: Optional[str] = None
     chunk_frames: int = 21  # CE trains and scores non-overlapping chunks of this many frames (the paper's 21)
+    states_per_phone: int = 1  # CE from a phone CTM: 3 = phone-position states (begin/middle/end), as HMM states
     on_bad_utterance: str = "error"  # error: stop before training, naming it; skip: leave it out and count it
     mix_synth: int = 0  # synthesized utterances (the built-in corpus's voices) added to a real training set
     sample_rate: int = 16000  # audio is resampled to this rate
@@ -201,7 +202,8 @@ def validate(cfg: DictConfig) -> None:
         if list(a.speed_perturb) != [1.0]:
             raise ConfigError(f"train.objective=ce: alignments are of the original audio; augment.speed_perturb must "
                               f"be [1.0], got {list(a.speed_perturb)}")
-        if cfg.data.chunk_frames < 1:
-            raise ConfigError(f"data.chunk_frames must be >= 1, got {cfg.data.chunk_frames}")
+        for key in ("chunk_frames", "states_per_phone"):
+            if cfg.data[key] < 1:
+                raise ConfigError(f"data.{key} must be >= 1, got {cfg.data[key]}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")

@@ -147,10 +147,10 @@ def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targe
         raise DataError(f"train.objective=ce needs frame targets for {split}: set data.{split}_ali to Kaldi "
                         f"alignments (ali-to-pdf output) or give a phones.ctm and phones.txt with the data dir")
     phones = read_phone_table(exp / "data" / "phones.txt")
-    f = conf.features
+    f, states = conf.features, conf.data.states_per_phone
     alignments = ctm_alignments(ctm, phones, dict(zip(cache.utts, cache.frames.tolist())), f.hop_ms / 1000,
-                                f.win_ms / 1000)
-    return alignments, str(ctm), num_targets or len(phones)
+                                f.win_ms / 1000, states)
+    return alignments, str(ctm), num_targets or len(phones) * states
 
 
 def write_vectors(path: Path, cache: FeatureCache, out: Path, on_bad: str) -> dict:

@@ -40,9 +40,10 @@ def read_phone_table(path: Path) -> dict[str, int]:
 
 
 def ctm_alignments(ctm: Path, phones: dict[str, int], frames: Mapping[str, int], shift_s: float,
-                   window_s: float) -> dict[str, np.ndarray]:
-    """Phone CTM -> per-frame phone ids: a frame takes the phone under its window's centre (frames as the
-    features cut them: frame i covers [i * shift, i * shift + window))."""
+                   window_s: float, states: int = 1) -> dict[str, np.ndarray]:
+    """Phone CTM -> per-frame targets: a frame takes the phone under its window's centre (frames as the
+    features cut them: frame i covers [i * shift, i * shift + window)). With states > 1, phone-position states
+    as in a left-to-right HMM: each phone's time split in `states` equal parts, target phone * states + part."""
     segments: dict[str, list[tuple[float, float, int]]] = {}
     with open(ctm, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -61,10 +62,13 @@ def ctm_alignments(ctm: Path, phones: dict[str, int], frames: Mapping[str, int],
         if utt not in frames:
             continue
         segs.sort()
-        ends = np.array([e for _, e, _ in segs])
+        starts, ends = np.array([b for b, _, _ in segs]), np.array([e for _, e, _ in segs])
         ids = np.array([p for _, _, p in segs], dtype=np.int32)
         centres = np.arange(frames[utt]) * shift_s + window_s / 2
-        out[utt] = ids[np.minimum(np.searchsorted(ends, centres, side="right"), len(ids) - 1)]
+        k = np.minimum(np.searchsorted(ends, centres, side="right"), len(ids) - 1)  # the segment of each frame
+        part = np.clip((states * (centres - starts[k]) / np.maximum(ends[k] - starts[k], 1e-9)).astype(np.int32),
+                       0, states - 1)
+        out[utt] = ids[k] * states + part
     return out
 
 

@@ -40,6 +40,10 @@ def test_ctm_to_frames_takes_the_phone_under_each_frame_centre(tmp_path):
     ali = ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025)["u"]
     centres = np.arange(38) * 10 + 12.5
     assert ali.tolist() == [0 if c < 100 else 2 if c < 250 else 1 for c in centres]
+    # phone-position states: each phone's time in thirds, target = phone * 3 + third (worked by hand: sil's
+    # thirds end at 33.3 and 66.7 ms, w's at 150 and 200, ah's at 300 and 350)
+    states = ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025, states=3)["u"]
+    assert states.tolist() == [0] * 3 + [1] * 3 + [2] * 3 + [6] * 5 + [7] * 5 + [8] * 5 + [3] * 5 + [4] * 5 + [5] * 4
     with pytest.raises(DataError, match=r"phones\.ctm:1: u: phone 'sil' is not in the phone table"):
         ctm_alignments(ctm, {"w": 0, "ah": 1}, {"u": 38}, 0.010, 0.025)
 
