@@ -204,19 +204,20 @@ class BucketBatchSampler:
             raise ValueError(f"{len(self.lengths)} utterances make {total} batches of {batch_size}: fewer than "
                              f"the {world_size} learners; lower the batch size or use fewer learners")
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """All batches of an epoch, for all ranks (rank r takes every world_size-th)."""
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """All batches of an epoch, for all ranks (rank r takes every world_size-th). Each batch is a view of one
+        index array: Python lists of every index cost ~1.5 GB per learner at 2000 hours (BENCHMARKS.md)."""
         if not self.shuffle:
             order = np.argsort(self.lengths, kind="stable")
-            return [order[i: i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+            return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         rng = np.random.default_rng([self.seed, epoch])
         # jitter lengths by up to +-10% so bucket membership changes from epoch to epoch
         keys = self.lengths * np.exp(rng.uniform(-0.1, 0.1, len(self.lengths)))
         order = np.argsort(keys, kind="stable")
-        batches = [order[i: i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+        batches = [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         return [batches[j] for j in rng.permutation(len(batches))][: self.steps * self.world_size]
 
-    def rank_batches(self, epoch: int) -> list[list[int]]:
+    def rank_batches(self, epoch: int) -> list[np.ndarray]:
         return self.epoch_batches(epoch)[self.rank:: self.world_size]
 
     def __len__(self) -> int:
