@@ -40,13 +40,17 @@ INT32_MAX = np.iinfo(np.int32).max
 
 
 def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
-    """Frame-level pdf ids per utterance -> {utt: int32 1-D array}.
+    """Frame-level pdf ids per utterance -> {utt: int32 1-D array} (all in memory: iter_alignments streams)."""
+    return dict(iter_alignments(path))
+
+
+def iter_alignments(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
+    """(utt, int32 1-D array of pdf ids) per utterance, in file order, one at a time.
 
     Accepts the text of ``ali-to-pdf final.mdl ark:ali.1.gz ark,t:-`` (``utt 12 12 40 ...``, plain or gzipped),
     a binary ark of int vectors, or an scp pointing into one. Note that Kaldi's own ``ali.N.gz`` hold transition
     ids, not pdf ids: convert them with ``ali-to-pdf`` first (the two cannot be told apart from the numbers).
     """
-    alignments = {}
     for utt, where, array in _entries(path, np.int64):
         if not _is_array(array, 1, "iu"):
             raise DataError(f"{where}: not an integer vector ({_describe(array)}); expected pdf ids per frame")
@@ -56,8 +60,7 @@ def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
             raise DataError(f"{where}: negative pdf id {array.min()} at frame {array.argmin()}")
         if array.max() > INT32_MAX:
             raise DataError(f"{where}: pdf id {array.max()} at frame {array.argmax()} does not fit in int32")
-        alignments[utt] = array.astype(np.int32)
-    return alignments
+        yield utt, array.astype(np.int32)
 
 
 def read_vectors(path: str | Path) -> dict[str, np.ndarray]:

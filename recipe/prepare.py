@@ -29,7 +29,7 @@ from recipe.corpora import prepare_corpus
 from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, read_table, write_data_dir, write_tokens
 from recipe.ds_config import load_ds_config
 from recipe.features import FeatureCache, extract_features, import_kaldi_features
-from recipe.kaldi_io import read_alignments, read_vectors
+from recipe.kaldi_io import iter_alignments, read_vectors
 from recipe.targets import ctm_alignments, read_phone_table, write_targets
 
 log = logging.getLogger("recipe.prepare")
@@ -129,6 +129,7 @@ def prepare_features(conf, exp: Path, work: Path) -> dict:
             alignments, source, num_targets = frame_alignments(conf, exp, split, cache, num_targets)
             meta = write_targets(cache, alignments, source, exp / "targets" / split, num_targets,
                                  conf.data.ali_tolerance, conf.data.on_bad_utterance)
+            num_targets = meta["num_targets"]
             summary[split]["targets"] = {k: meta[k] for k in ("source", "num_targets", "frames", "skipped")}
     return summary
 
@@ -138,10 +139,7 @@ def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targe
     else the data dir's phone CTM."""
     path = conf.data[f"{split}_ali"]
     if path:
-        alignments = read_alignments(Path(path))
-        if num_targets is None:  # Kaldi's pdf ids count from 0
-            num_targets = 1 + max((int(a.max()) for a in alignments.values() if len(a)), default=0)
-        return alignments, path, num_targets
+        return iter_alignments(Path(path)), path, num_targets  # None for train: its largest id + 1
     ctm = exp / "data" / split / "phones.ctm"
     if not ctm.is_file():
         raise DataError(f"train.objective=ce needs frame targets for {split}: set data.{split}_ali to Kaldi "

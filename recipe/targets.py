@@ -6,8 +6,8 @@ CTM (`utt channel start duration phone`, as the built-in corpus writes from espe
 Kaldi's `ali-to-phones --ctm-output` writes). Stage 2 checks every utterance before training: an alignment
 missing, longer or shorter than its features by more than `data.ali_tolerance` frames, or holding an id beyond
 the output layer stops the run naming the file and utterance (or, with data.on_bad_utterance=skip, is left out
-and counted). The checked targets are written as one int32 file in the feature cache's row order
-(targets.i32 + index.tsv + meta.json), read by range like the features.
+and counted). The alignments are streamed, one utterance at a time, into one int32 file at the feature cache's
+row offsets (targets.i32 + index.tsv + meta.json), read by range like the features.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -40,27 +40,13 @@ def read_phone_table(path: Path) -> dict[str, int]:
 
 
 def ctm_alignments(ctm: Path, phones: dict[str, int], frames: Mapping[str, int], shift_s: float,
-                   window_s: float, states: int = 1) -> dict[str, np.ndarray]:
-    """Phone CTM -> per-frame targets: a frame takes the phone under its window's centre (frames as the
-    features cut them: frame i covers [i * shift, i * shift + window)). With states > 1, phone-position states
-    as in a left-to-right HMM: each phone's time split in `states` equal parts, target phone * states + part."""
-    segments: dict[str, list[tuple[float, float, int]]] = {}
-    with open(ctm, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                utt, start, duration, phone = fields[0], float(fields[2]), float(fields[3]), fields[4]
-            except (IndexError, ValueError):
-                raise DataError(f"{ctm}:{lineno}: expected 'utt channel start duration phone', got {line.strip()!r}")
-            if phone not in phones:
-                raise DataError(f"{ctm}:{lineno}: {utt}: phone {phone!r} is not in the phone table")
-            segments.setdefault(utt, []).append((start, start + duration, phones[phone]))
-    out = {}
-    for utt, segs in segments.items():
-        if utt not in frames:
-            continue
+                   window_s: float, states: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+    """Phone CTM -> (utt, per-frame targets) for the utterances in `frames`: a frame takes the phone under its
+    window's centre (frames as the features cut them: frame i covers [i * shift, i * shift + window)). With
+    states > 1, phone-position states as in a left-to-right HMM: each phone's time split in `states` equal
+    parts, target phone * states + part. The CTM is read one utterance at a time (its lines grouped by
+    utterance, as Kaldi writes them)."""
+    def targets(utt: str, segs: list[tuple[float, float, int]]) -> np.ndarray:
         segs.sort()
         starts, ends = np.array([b for b, _, _ in segs]), np.array([e for _, e, _ in segs])
         ids = np.array([p for _, _, p in segs], dtype=np.int32)
@@ -68,18 +54,43 @@ def ctm_alignments(ctm: Path, phones: dict[str, int], frames: Mapping[str, int],
         k = np.minimum(np.searchsorted(ends, centres, side="right"), len(ids) - 1)  # the segment of each frame
         part = np.clip((states * (centres - starts[k]) / np.maximum(ends[k] - starts[k], 1e-9)).astype(np.int32),
                        0, states - 1)
-        out[utt] = ids[k] * states + part
-    return out
+        return ids[k] * states + part
+
+    utt, segs, done = None, [], set()
+    with open(ctm, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                key, start, duration, phone = fields[0], float(fields[2]), float(fields[3]), fields[4]
+            except (IndexError, ValueError):
+                raise DataError(f"{ctm}:{lineno}: expected 'utt channel start duration phone', got {line.strip()!r}")
+            if phone not in phones:
+                raise DataError(f"{ctm}:{lineno}: {key}: phone {phone!r} is not in the phone table")
+            if key != utt:
+                if utt in frames:
+                    yield utt, targets(utt, segs)
+                if key in done:
+                    raise DataError(f"{ctm}:{lineno}: {key}: its lines are not together (sort the CTM by utterance)")
+                done.add(key)
+                utt, segs = key, []
+            segs.append((start, start + duration, phones[phone]))
+    if utt in frames:
+        yield utt, targets(utt, segs)
 
 
-def write_targets(cache: FeatureCache, alignments: Mapping[str, np.ndarray], source: str, out: Path,
-                  num_targets: int, tolerance: int, on_bad: str) -> dict:
-    """Check the alignments against the cache's utterances and write them in its row order -> meta (with the
-    per-class frame counts of what was written, for priors). `source` names the alignment file in errors."""
+def write_targets(cache: FeatureCache, alignments: Iterable[tuple[str, np.ndarray]], source: str, out: Path,
+                  num_targets: int | None, tolerance: int, on_bad: str) -> dict:
+    """Check the alignments (streamed: one utterance in memory at a time) against the cache's utterances and
+    write them in its row order -> meta, with the per-class frame counts for priors. num_targets None: the
+    largest id + 1 (Kaldi's pdf ids count from 0). `source` names the alignment file in errors."""
     out.mkdir(parents=True, exist_ok=True)
     skipped: Counter = Counter()
-    counts = np.zeros(num_targets, dtype=np.int64)
-    offset = 0
+    row_of = {utt: i for i, utt in enumerate(cache.utts)}
+    offsets = np.concatenate([[0], np.cumsum(cache.frames)])  # frame offset of every row in targets.i32
+    found, written = np.zeros(len(cache), dtype=bool), np.zeros(len(cache), dtype=bool)
+    counts = np.zeros(num_targets or 1, dtype=np.int64)
 
     def bad(kind: str, message: str) -> None:
         if on_bad == "error":
@@ -87,31 +98,40 @@ def write_targets(cache: FeatureCache, alignments: Mapping[str, np.ndarray], sou
         log.warning("%s: %s: skipped", source, message)
         skipped[kind] += 1
 
-    with open(out / "targets.i32.tmp", "wb") as data, open(out / "index.tsv.tmp", "w") as index:
-        for i, utt in enumerate(cache.utts):
+    fd = os.open(out / "targets.i32.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, int(offsets[-1]) * 4)
+        for utt, ali in alignments:
+            i = row_of.get(utt)
+            if i is None:
+                continue  # an utterance of another split, or one stage 1 left out
+            found[i] = True
             frames = int(cache.frames[i])
-            ali = alignments.get(utt)
-            if ali is None:
-                bad("no_alignment", f"utterance {utt} has no alignment")
-                continue
             if abs(len(ali) - frames) > tolerance:
                 bad("alignment_length", f"utterance {utt}: alignment of {len(ali)} frames, features of {frames} "
                                         f"(data.ali_tolerance={tolerance})")
                 continue
-            if len(ali) and (ali.max() >= num_targets or ali.min() < 0):
+            if num_targets is not None and len(ali) and ali.max() >= num_targets:
                 bad("target_out_of_range", f"utterance {utt}: target id {int(ali.max())} is beyond the output "
                                            f"layer's {num_targets} classes")
                 continue
             # within tolerance: cut, or repeat the last target (Kaldi and our framing differ at the edges)
             ali = np.concatenate([ali[:frames], np.full(max(frames - len(ali), 0), ali[-1] if len(ali) else 0)])
-            data.write(ali.astype(np.int32).tobytes())
-            index.write(f"{utt}\t{offset}\t{frames}\n")
-            offset += frames
-            counts += np.bincount(ali, minlength=num_targets)
+            os.pwrite(fd, ali.astype(np.int32).tobytes(), int(offsets[i]) * 4)
+            written[i] = True
+            seen = np.bincount(ali, minlength=len(counts))
+            counts = np.concatenate([counts, np.zeros(len(seen) - len(counts), np.int64)]) + seen
+    finally:
+        os.close(fd)
+    for i in np.flatnonzero(~found):
+        bad("no_alignment", f"utterance {cache.utts[i]} has no alignment")
+    with open(out / "index.tsv.tmp", "w") as index:
+        index.writelines(f"{cache.utts[i]}\t{offsets[i]}\t{cache.frames[i]}\n" for i in np.flatnonzero(written))
     for name in ("targets.i32", "index.tsv"):
         os.replace(out / f"{name}.tmp", out / name)
-    meta = {"source": source, "num_targets": num_targets, "frames": offset, "skipped": dict(skipped),
-            "counts": counts.tolist()}
+    num_targets = num_targets or len(counts)
+    meta = {"source": source, "num_targets": num_targets, "frames": int(cache.frames[written].sum()),
+            "skipped": dict(skipped), "counts": np.pad(counts, (0, num_targets - len(counts))).tolist()}
     (out / "meta.json").write_text(json.dumps(meta))
     return meta
 

@@ -37,22 +37,25 @@ def test_ctm_to_frames_takes_the_phone_under_each_frame_centre(tmp_path):
     ctm = tmp_path / "phones.ctm"
     # 0-0.1 s sil, 0.1-0.25 w, 0.25-0.4 ah; frames of 25 ms every 10 ms: centres at 12.5, 22.5, ... ms
     ctm.write_text("u 1 0.000 0.100 sil\nu 1 0.100 0.150 w\nu 1 0.250 0.150 ah\n")
-    ali = ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025)["u"]
+    ali = dict(ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025))["u"]
     centres = np.arange(38) * 10 + 12.5
     assert ali.tolist() == [0 if c < 100 else 2 if c < 250 else 1 for c in centres]
     # phone-position states: each phone's time in thirds, target = phone * 3 + third (worked by hand: sil's
     # thirds end at 33.3 and 66.7 ms, w's at 150 and 200, ah's at 300 and 350)
-    states = ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025, states=3)["u"]
+    states = dict(ctm_alignments(ctm, {"sil": 0, "ah": 1, "w": 2}, {"u": 38}, 0.010, 0.025, states=3))["u"]
     assert states.tolist() == [0] * 3 + [1] * 3 + [2] * 3 + [6] * 5 + [7] * 5 + [8] * 5 + [3] * 5 + [4] * 5 + [5] * 4
+    (tmp_path / "split.ctm").write_text("u 1 0 0.1 sil\nv 1 0 0.1 sil\nu 1 0.1 0.1 w\n")  # read as a stream
+    with pytest.raises(DataError, match=r"split\.ctm:3: u: its lines are not together"):
+        dict(ctm_alignments(tmp_path / "split.ctm", {"sil": 0, "w": 1}, {"u": 20, "v": 9}, 0.010, 0.025))
     with pytest.raises(DataError, match=r"phones\.ctm:1: u: phone 'sil' is not in the phone table"):
-        ctm_alignments(ctm, {"w": 0, "ah": 1}, {"u": 38}, 0.010, 0.025)
+        dict(ctm_alignments(ctm, {"w": 0, "ah": 1}, {"u": 38}, 0.010, 0.025))
 
 
 def test_targets_are_stored_by_utterance_and_read_by_range(tmp_path):
     cache = make_cache(tmp_path)
     alignments = frame_index_targets()
     alignments["s1-b"] = alignments["s1-b"][:-2]  # 2 frames short: within tolerance, the last target repeated
-    meta = write_targets(cache, alignments, "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="error")
+    meta = write_targets(cache, alignments.items(), "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="error")
     targets = FrameTargets(tmp_path / "t")
     assert meta["frames"] == sum(FRAMES.values()) and targets.num_targets == 5
     np.testing.assert_array_equal(targets.read("s1-a", 7, 12), np.arange(7, 12) % 5)
@@ -72,8 +75,8 @@ def test_bad_alignments_stop_before_training_or_are_skipped_and_counted(tmp_path
     alignments = frame_index_targets()
     damage(alignments)
     with pytest.raises(DataError, match=message):
-        write_targets(cache, alignments, "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="error")
-    meta = write_targets(cache, alignments, "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="skip")
+        write_targets(cache, alignments.items(), "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="error")
+    meta = write_targets(cache, alignments.items(), "ali.txt", tmp_path / "t", 5, tolerance=2, on_bad="skip")
     assert sum(meta["skipped"].values()) == 1
     data = ChunkDataset(FeatureReader(cache, "none"), FrameTargets(tmp_path / "t"), chunk=21)
     assert data.num_utterances == 2 and sum(data.skipped.values()) == 1
@@ -81,7 +84,7 @@ def test_bad_alignments_stop_before_training_or_are_skipped_and_counted(tmp_path
 
 def test_chunks_cover_every_frame_once_and_pad_the_last(tmp_path):
     cache = make_cache(tmp_path)
-    write_targets(cache, frame_index_targets(), "ali", tmp_path / "t", 5, 0, "error")
+    write_targets(cache, frame_index_targets().items(), "ali", tmp_path / "t", 5, 0, "error")
     data = ChunkDataset(FeatureReader(cache, "none"), FrameTargets(tmp_path / "t"), chunk=21)
     # 50 frames -> 21 + 21 + 8; 23 -> 21 + 2; 21 -> 21
     assert sorted(data.lengths.tolist()) == sorted([21, 21, 8, 21, 2, 21])
@@ -133,7 +136,7 @@ def test_frame_scores_and_kaldi_loglikes(tmp_path):
     """Accuracy and loss totals equal a direct computation; the ark holds log posterior - log prior for every
     frame of every utterance, readable by kaldiio (as latgen-faster-mapped reads it)."""
     cache = make_cache(tmp_path)
-    write_targets(cache, frame_index_targets(), "ali", tmp_path / "t", 5, 0, "error")
+    write_targets(cache, frame_index_targets().items(), "ali", tmp_path / "t", 5, 0, "error")
     targets = FrameTargets(tmp_path / "t")
     data = ChunkDataset(FeatureReader(cache, "none"), targets, chunk=21)
     torch.manual_seed(0)
