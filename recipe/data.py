@@ -3,9 +3,11 @@
 A data dir holds ``wav.scp`` (``utt path``, or ``recording path`` with ``segments``; a path or a Kaldi pipe
 command ``recording sph2pipe -f wav -p -c 1 /x/sw02001.sph |``), ``text`` (``utt words``), and optionally
 ``utt2spk``, ``segments`` (``utt recording start end``, seconds), and Kaldi's own features ``feats.scp`` (with
-``cmvn.scp``): with feats.scp the recipe trains on those features and never reads the audio. Everything a user can get
-wrong is found here, before features are extracted and hours of training are spent: hard errors name the file,
-line and utterance; mismatches Kaldi's ``fix_data_dir.sh`` would drop are skipped with a warning and counted.
+``cmvn.scp``): with feats.scp the recipe trains on those features and never reads the audio.
+
+Everything a user can get wrong is found here, before features are extracted and hours of training are spent:
+hard errors name the file, line and utterance; mismatches Kaldi's ``fix_data_dir.sh`` would drop are skipped
+with a warning and counted.
 """
 
 from __future__ import annotations

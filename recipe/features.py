@@ -237,6 +237,9 @@ def import_kaldi_features(utts: list[Utterance], feat_root: str | Path, name: st
             missing = sorted(set(writer.sums) - set(stats))
             if missing:
                 raise DataError(f"{cmvn_scp}: no statistics for speaker(s) {missing[:5]} (utt2spk names them)")
+            spk, (_, s1, _) = next(iter(stats.items()))
+            if len(s1) != writer.dim:
+                raise DataError(f"{cmvn_scp}: {spk}: statistics of {len(s1)} dims for features of {writer.dim}")
             writer.sums = {spk: list(stats[spk]) for spk in writer.sums}
         return {"source": str(feats_scp), "cmvn": str(cmvn_scp) if cmvn_scp else None}
 

@@ -135,8 +135,8 @@ def prepare_features(conf, exp: Path, work: Path) -> dict:
 
 
 def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targets: int | None):
-    """-> (utt -> frame targets, where they came from, number of classes): the configured Kaldi alignments,
-    else the data dir's phone CTM."""
+    """-> ((utt, frame targets) pairs, streamed; where they came from; number of classes or None): the
+    configured Kaldi alignments, else the data dir's phone CTM."""
     path = conf.data[f"{split}_ali"]
     if path:
         return iter_alignments(Path(path)), path, num_targets  # None for train: its largest id + 1
