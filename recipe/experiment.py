@@ -84,8 +84,7 @@ class Experiment:
 
     @property
     def input_dim(self) -> int:
-        vectors = self.vectors("train")
-        return self.cache("train").dim + (len(next(iter(vectors.values()))) if vectors else 0)
+        return self.reader("train").dim  # features, plus speaker vectors when there are any
 
     @property
     def output_dim(self) -> int:
