@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -89,24 +88,11 @@ def write_corpus(out: Path, name: str, lengths: np.ndarray, seed: int) -> Path:
     return write_cache(out, name, DIM, fill)
 
 
-class RandomTargets(Mapping):
-    """Random frame targets of a cache's utterances, made when write_targets asks for one: the benchmark's own
-    memory does not grow with the corpus either."""
-
-    def __init__(self, cache, seed: int):
-        self.frames = dict(zip(cache.utts, cache.frames.tolist()))
-        self.rows = {utt: i for i, utt in enumerate(cache.utts)}
-        self.seed = seed
-
-    def __getitem__(self, utt: str) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, self.rows[utt]])
-        return rng.integers(0, TARGETS, self.frames[utt], dtype=np.int32)
-
-    def __iter__(self):
-        return iter(self.frames)
-
-    def __len__(self) -> int:
-        return len(self.frames)
+def random_targets(cache, seed: int):
+    """(utterance, random frame targets) of a cache's utterances, one at a time as write_targets reads them: the
+    benchmark's own memory does not grow with the corpus either."""
+    for row, (utt, frames) in enumerate(zip(cache.utts, cache.frames.tolist())):
+        yield utt, np.random.default_rng([seed, row]).integers(0, TARGETS, frames, dtype=np.int32)
 
 
 def build_experiment(folder: Path, size_bytes: float, seed: int = 0) -> tuple[Path, dict]:
@@ -123,7 +109,8 @@ def build_experiment(folder: Path, size_bytes: float, seed: int = 0) -> tuple[Pa
         targets = folder / "targets" / split
         if not (targets / "meta.json").is_file():
             cache = FeatureCache(caches[split])
-            write_targets(cache, RandomTargets(cache, seed), f"random targets of {split}", targets, TARGETS, 0, "error")
+            write_targets(cache, random_targets(cache, seed), f"random targets of {split}", targets, TARGETS,
+                          tolerance=0, on_bad="error")
     (folder / "features.json").write_text(json.dumps({split: str(path) for split, path in caches.items()}))
     (folder / "data").mkdir(exist_ok=True)
     (folder / "data" / "tokens.txt").write_text("<blank>\na\n")  # read by every objective, used by CTC only
