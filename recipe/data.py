@@ -42,6 +42,13 @@ class Utterance:
     feats: Optional[str] = None  # Kaldi features (feats.scp's `ark:offset`): used instead of the audio
 
 
+def absolute_rxfilename(entry: str) -> tuple[Path, str]:
+    """A Kaldi rxfilename, `archive.ark:offset` or a plain file, relative to the working directory -> (absolute
+    archive path, ':offset' or ''), so that a scp entry still points at its archive from the experiment folder."""
+    path, colon, offset = entry.rpartition(":")
+    return Path(path if colon else entry).resolve(), colon + offset
+
+
 def read_table(path: Path) -> dict[str, tuple[str, int]]:
     """``key rest-of-line`` per line -> {key: (rest, line number)}; duplicate keys are errors."""
     table: dict[str, tuple[str, int]] = {}
@@ -153,14 +160,11 @@ def _load_feats_dir(d: Path) -> tuple[list[Utterance], Counter]:
             skipped["text_without_audio"] += 1
         else:
             entry, lineno = feats[utt]
-            path, colon, offset = entry.rpartition(":")
-            path = Path(path if colon else entry)
-            if not path.is_absolute():
-                path = Path.cwd() / path
+            path, offset = absolute_rxfilename(entry)
             if not path.is_file():
                 raise DataError(f"{d / 'feats.scp'}:{lineno}: {utt}: feature archive not found: {entry}")
             utts.append(Utterance(utt, utt2spk[utt][0] if utt in utt2spk else utt, "", " ".join(text[utt][0].split()),
-                                  feats=f"{path.resolve()}{colon}{offset}"))
+                                  feats=f"{path}{offset}"))
     if not utts:
         raise DataError(f"{d}: no usable utterances ({dict(+skipped) or 'empty feats.scp/text'})")
     return utts, +skipped

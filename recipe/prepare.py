@@ -26,7 +26,8 @@ from comm import ProcessLayout, build_strategy
 from recipe.augment import source_utt, speed_perturbed
 from recipe.config import ConfigError, load_config
 from recipe.corpora import prepare_corpus
-from recipe.data import DataError, build_tokens, check_tokens, load_data_dir, read_table, write_data_dir, write_tokens
+from recipe.data import (DataError, absolute_rxfilename, build_tokens, check_tokens, load_data_dir, read_table,
+                         write_data_dir, write_tokens)
 from recipe.ds_config import load_ds_config
 from recipe.features import FeatureCache, extract_features, import_kaldi_features
 from recipe.kaldi_io import iter_alignments, read_vectors
@@ -88,8 +89,8 @@ def copy_side_files(src: Path, data: Path, split: str, kept: set[str]) -> None:
     if (src / "cmvn.scp").is_file():
         lines = []
         for spk, (entry, _) in read_table(src / "cmvn.scp").items():
-            path, colon, offset = entry.rpartition(":")
-            lines.append(f"{spk} {Path(path if colon else entry).resolve()}{colon}{offset}\n")
+            path, offset = absolute_rxfilename(entry)
+            lines.append(f"{spk} {path}{offset}\n")
         (out / "cmvn.scp").write_text("".join(lines))
     if (src / "phones.ctm").is_file():
         with open(src / "phones.ctm") as f, open(out / "phones.ctm", "w") as ctm:
