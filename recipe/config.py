@@ -7,6 +7,7 @@ Unknown keys are errors (omegaconf struct mode), so a typo in an override never 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -67,7 +68,7 @@ class AugmentConf:
     """recipe/augment.py. SpecAugment masks training batches; speed perturbation extracts the training set
     again at each factor (1.0: the originals)."""
     speed_perturb: List[float] = field(default_factory=lambda: [1.0])  # [0.9, 1.0, 1.1]: 3x the training time
-    freq_masks: int = 0  # per utterance (off: it cost the built-in corpus accuracy at 6 epochs; ACCURACY.md)
+    freq_masks: int = 0  # per utterance (off: it cost the built-in corpus accuracy; ACCURACY.md)
     freq_mask_width: int = 8  # at most this many mel channels each
     time_masks: int = 0
     time_mask_width: int = 10  # at most this many frames each ...
@@ -84,7 +85,9 @@ class ModelConf:
     bidirectional: bool = True
     bottleneck: int = 0  # linear bottleneck before the output layer; 0 = none
     dropout: float = 0.1
-    stack: int = 4  # frames stacked into one LSTM step (CTC frame-rate reduction); 1 = 10 ms steps
+    # frames stacked into one LSTM step (CTC frame-rate reduction); 1 = 10 ms steps. Not 4: a short "three"
+    # needs 6 output steps, too many for 4 stacked frames of a 0.2 s take (ACCURACY.md)
+    stack: int = 2
     packed: bool = False  # pack_padded_sequence: fast with cuDNN, slow on CPU (DESIGN.md trap 13)
 
 
@@ -97,14 +100,14 @@ class OptimConf:
     base_batch: int = 16  # global batch that lr refers to
     batch_scaling: str = "sqrt"  # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p
     warmup_epochs: float = 0.3  # linear warm-up from 0 over this many epochs of global progress
-    anneal_start_epoch: int = 4  # from this epoch on (1-based), lr *= anneal_factor every epoch
+    anneal_start_epoch: int = 3  # from this epoch on (1-based), lr *= anneal_factor every epoch
     anneal_factor: float = 0.7071067811865476  # 1/sqrt(2), as in the paper
 
 
 @dataclass
 class TrainConf:
     objective: str = "ctc"  # ctc: character targets, whole utterances; ce: frame targets (alignments), chunks
-    epochs: int = 6
+    epochs: int = 4
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
     log_interval: int = 20  # steps between progress lines
@@ -144,9 +147,15 @@ CHOICES = {
     "optim.batch_scaling": ("none", "linear", "sqrt"),
 }
 
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
+
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Schema defaults <- YAML file <- ``key=value`` overrides; raises ConfigError naming the bad key."""
+    for override in overrides:  # omegaconf's own parser fails on some (`[`: IndexError) with no useful message
+        if not OVERRIDE.match(override):
+            raise ConfigError(f"command-line override {override!r} is not key=value with a dotted key, "
+                              f"e.g. model.stack=2")
     cfg = OmegaConf.structured(RecipeConf)
     try:
         if path is not None:

@@ -17,12 +17,15 @@ from tests.conftest import REPO
 def test_defaults_file_and_overrides_in_that_order(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  hidden: 64\n  layers: 2\n")
     conf = load_config(tmp_path / "c.yaml", ["model.layers=5"])
-    assert (conf.model.hidden, conf.model.layers, conf.model.stack) == (64, 5, 4)  # stack: the default
+    assert (conf.model.hidden, conf.model.layers, conf.model.stack) == (64, 5, 2)  # stack: the default
 
 
 def test_unknown_keys_and_values_are_errors(tmp_path):
     with pytest.raises(ConfigError, match="model.hiden"):
         load_config(None, ["model.hiden=3"])
+    for override in ("[", "model.stack", "model..stack=2", "=2"):  # "[": an IndexError inside omegaconf
+        with pytest.raises(ConfigError, match="is not key=value"):
+            load_config(None, [override])
     (tmp_path / "c.yaml").write_text("optim:\n  nme: sgd\n")
     with pytest.raises(ConfigError, match=r"c\.yaml.*nme"):
         load_config(tmp_path / "c.yaml")
