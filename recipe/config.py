@@ -125,6 +125,7 @@ class DecodeConf:
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
+    oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
 
 
 @dataclass

@@ -8,8 +8,11 @@ not (a repeat merges into the last label). With unlimited beam it finds the most
 
 Shallow fusion: when a word is completed (a space is emitted after it, or the utterance ends) the score
 gains ``lm_weight * ln p_LM(word | previous words) + word_bonus``; at the end, ``lm_weight * ln p_LM(</s> | ..)``
-too. The bonus offsets the LM's per-word cost, which would otherwise favour dropping words. Partial words are
-not scored. Prefixes are pruned to the ``beam`` best by total (acoustic + LM) score after every frame.
+too. The bonus offsets the LM's per-word cost, which would otherwise favour dropping words. A word outside the
+LM's vocabulary (scored as <unk>, which n-gram LMs price generously) also costs ``oov_penalty``, charged as soon
+as its spelling stops being the start of any vocabulary word, so that a non-word (`fiv`) leaves the beam early
+instead of outliving the word it misspells (pyctcdecode's ``unk_score_offset``). Prefixes are pruned to the
+``beam`` best by total (acoustic + LM) score after every frame.
 
 All scores are natural logs. Written in numpy, vectorised over the beam and the token set per frame; plain
 Python was chosen over pyctcdecode (its wheel requires numpy < 2) and torchaudio's flashlight decoder (no
@@ -22,24 +25,24 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from recipe.ngram import EOS, NgramLM
+from recipe.ngram import EOS, UNK, NgramLM
 
 NEG = -np.inf
 
 
 def beam_search(log_probs, tokens: Sequence[str], beam: int = 8, lm: Optional[NgramLM] = None,
-                lm_weight: float = 0.5, word_bonus: float = 0.0) -> str:
+                lm_weight: float = 0.5, word_bonus: float = 0.0, oov_penalty: float = 0.0) -> str:
     """log_probs (T, V) numpy array or torch tensor of log-softmax outputs or raw logits (normalised here;
     log-softmax of log-probabilities is a no-op), ``tokens[0]`` the CTC blank, " " the word separator
     -> the best transcript, with single spaces and no leading or trailing ones (as greedy_decode)."""
-    return _search(_log_softmax(log_probs), tokens, beam, _WordScorer(lm, lm_weight, word_bonus))
+    return _search(_log_softmax(log_probs), tokens, beam, _WordScorer(tokens, lm, lm_weight, word_bonus, oov_penalty))
 
 
 def beam_decode(logits, lengths, tokens: Sequence[str], beam: int = 8, lm: Optional[NgramLM] = None,
-                lm_weight: float = 0.5, word_bonus: float = 0.0) -> list[str]:
+                lm_weight: float = 0.5, word_bonus: float = 0.0, oov_penalty: float = 0.0) -> list[str]:
     """Batch form with greedy_decode's signature: logits (B, T, V), lengths (B,) valid frames -> B strings.
     The LM scores are cached across the batch."""
-    scorer = _WordScorer(lm, lm_weight, word_bonus)
+    scorer = _WordScorer(tokens, lm, lm_weight, word_bonus, oov_penalty)
     scores = _log_softmax(logits)
     return [_search(scores[b, : int(lengths[b])], tokens, beam, scorer) for b in range(len(scores))]
 
@@ -53,12 +56,18 @@ def _log_softmax(x) -> np.ndarray:
 
 
 class _WordScorer:
-    """``lm_weight * ln p(word | history) + word_bonus``, cached: beams share histories, so most calls repeat."""
+    """``lm_weight * ln p(word | history) + word_bonus``, cached: beams share histories, so most calls repeat;
+    and the out-of-vocabulary penalty of a word being spelt."""
 
-    def __init__(self, lm: Optional[NgramLM], lm_weight: float, word_bonus: float):
+    def __init__(self, tokens: Sequence[str], lm: Optional[NgramLM], lm_weight: float, word_bonus: float,
+                 oov_penalty: float):
         self.lm, self.lm_weight, self.word_bonus = lm, lm_weight, word_bonus
         self.keep = lm.order - 1 if lm is not None else 0  # history words that can matter
         self.cache: dict[tuple[tuple[str, ...], str], float] = {}
+        self.tokens, self.oov_penalty = list(tokens), oov_penalty if lm is not None else 0.0
+        self.vocab = set(lm.vocab) - {EOS, UNK} if lm is not None else set()
+        self.starts = {w[:i] for w in self.vocab for i in range(len(w) + 1)}  # "" and every start of a word
+        self.spelling_cache: dict[str, np.ndarray] = {}
 
     @property
     def active(self) -> bool:
@@ -70,7 +79,22 @@ class _WordScorer:
         key = (history[len(history) - self.keep:] if self.keep else (), word)
         if key not in self.cache:
             self.cache[key] = self.lm_weight * self.lm.score(key[0], word) + (0.0 if word == EOS else self.word_bonus)
-        return self.cache[key]
+        # A word that starts like a vocabulary word but ends short of one (`fiv`): its penalty is charged now.
+        unpaid = word != EOS and word not in self.vocab and word in self.starts
+        return self.cache[key] - (self.oov_penalty if unpaid else 0.0)
+
+    def spelling(self, partial: str) -> np.ndarray:
+        """(V,) penalties of extending the word being spelt by each token: ``oov_penalty`` for a letter after
+        which no vocabulary word starts this way (charged once: a partial already off the vocabulary pays
+        nothing more), 0 for the blank and the word separator (scored when the word ends)."""
+        if partial not in self.spelling_cache:
+            row = np.zeros(len(self.tokens))
+            if partial in self.starts:
+                for c, token in enumerate(self.tokens[1:], start=1):
+                    if token != " " and partial + token not in self.starts:
+                        row[c] = -self.oov_penalty
+            self.spelling_cache[partial] = row
+        return self.spelling_cache[partial]
 
 
 def _search(lp: np.ndarray, tokens: Sequence[str], beam: int, word_score: Callable) -> str:
@@ -91,7 +115,12 @@ def _search(lp: np.ndarray, tokens: Sequence[str], beam: int, word_score: Callab
         repeat = np.arange(V)[None, :] == last[:, None]
         ext = np.logaddexp(p_b[:, None], np.where(repeat, NEG, p_nb[:, None])) + row[None, :]
         ext[:, 0] = NEG
-        total = ext + lm[:, None]
+        if word_score.oov_penalty:
+            spelling = np.stack([word_score.spelling(p) for p in partial])
+            lm_ext = lm[:, None] + spelling  # the LM score of each extension, before any word it completes
+        else:
+            lm_ext = np.broadcast_to(lm[:, None], ext.shape)
+        total = ext + lm_ext
         word_end = np.zeros(len(prefixes))
         if space >= 0 and word_score.active:
             word_end = np.array([word_score(w, p) if p else 0.0 for w, p in zip(words, partial)])
@@ -123,7 +152,7 @@ def _search(lp: np.ndarray, tokens: Sequence[str], beam: int, word_score: Callab
                     done = (words[i] + (partial[i],), "") if partial[i] else (words[i], "")
                     entry = (prefixes[i] + (c,), NEG, ext[i, c], lm[i] + word_end[i], *done)
                 else:
-                    entry = (prefixes[i] + (c,), NEG, ext[i, c], lm[i], words[i], partial[i] + tokens[c])
+                    entry = (prefixes[i] + (c,), NEG, ext[i, c], lm_ext[i, c], words[i], partial[i] + tokens[c])
             for column, value in zip(new, entry):
                 column.append(value)
         prefixes, p_b, p_nb, lm, words, partial = new

@@ -145,7 +145,8 @@ def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
         texts = [text for text, _ in read_table(train_text).values()]
         lm = NgramLM.train(texts, order=conf.lm_order)
         lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder
-    return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus)
+    return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus,
+                   oov_penalty=conf.oov_penalty)
 
 
 def export_loglikes(model: torch.nn.Module, data: ChunkDataset, batches: list[list[int]], counts: np.ndarray,

@@ -97,6 +97,28 @@ def test_lm_flips_an_acoustically_close_pair():
     assert beam_search(lp, CHARS, beam=8, lm=cab, lm_weight=1.0) == "a cab"
 
 
+def test_oov_penalty_is_charged_once_where_the_spelling_leaves_the_vocabulary():
+    # lm_weight 0: the LM's probabilities are ignored, only its vocabulary ("a", "cat") counts.
+    lm = NgramLM.train(["a cat"], order=2)
+    # "a cab" beats "a cat" acoustically by ln(.5/.4) = 0.223; "cab" leaves the vocabulary at its "b".
+    lp = spelt("a ca", {"b": 0.5, "t": 0.4, "<blank>": 0.1})
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=0.15) == "a cab"
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=0.3) == "a cat"
+    # A word that stops short of a vocabulary word ("ca" of "cat") pays when it ends: "a ca" beats "a cat"
+    # acoustically by ln(.6/.4) = 0.405.
+    lp = spelt("a ca", {"t": 0.4, "<blank>": 0.6})
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=0.3) == "a ca"
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=0.6) == "a cat"
+    # Once per word, not per letter: "cbt" and "cb" both left the vocabulary at "c" and pay 3 each, so the
+    # acoustics decide between them ("cbt" by ln(.55/.45)); "cat" pays ln(.95/.01) = 4.55 for its "a". Charged
+    # per letter, "cbt" would pay 9 and lose to "cat"; a penalty of 5 makes "cat" win either way.
+    lp = spelt("cb", {"t": 0.55, "<blank>": 0.45})
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=3.0) == "cbt"
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0, oov_penalty=5.0) == "cat"
+    # Without a penalty the same search as before.
+    assert beam_search(lp, CHARS, lm=lm, lm_weight=0.0) == "cbt"
+
+
 def test_word_bonus_trades_against_the_lm():
     # "a", a space, then a frame that is "b" .5 / blank .5: acoustically "a" and "a b" are equal (to within the
     # .01-probability paths). The LM prefers "a" by 0.757 nats, so one word's bonus of 0.5 leaves "a" and one
