@@ -38,7 +38,10 @@ class StudyConf:
     link_latency_ms: float = 0.5
     batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
     slowdowns: list = field(default_factory=lambda: [1, 2, 4])
-    overrides: list = field(default_factory=list)  # recipe YAML overrides for every run, e.g. ["model.hidden=256"]
+    # Recipe YAML overrides for every run (a list given on the command line replaces this one). 4 stacked
+    # frames, annealing from epoch 4: at the recipe's default 2, CTC is still on its all-blank plateau after 3
+    # epochs of 1,500 utterances on 4 learners (CER 100% in every run; BENCHMARKS.md section 7).
+    overrides: list = field(default_factory=lambda: ["model.stack=4", "optim.anneal_start_epoch=4"])
 
 
 STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid")}
