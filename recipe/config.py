@@ -192,6 +192,9 @@ def validate(cfg: DictConfig) -> None:
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
     if cfg.decode.beam < 0 or cfg.decode.lm_order < 0:
         raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {cfg.decode.beam}, {cfg.decode.lm_order}")
+    if cfg.decode.oov_penalty < 0 or (cfg.decode.oov_penalty and not cfg.decode.lm_order):
+        raise ConfigError(f"decode.oov_penalty={cfg.decode.oov_penalty} must be >= 0 and needs the LM's vocabulary "
+                          f"(decode.lm_order > 0, got {cfg.decode.lm_order})")
     if cfg.decode.lm_order and not cfg.decode.beam:
         raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} needs a beam search: set decode.beam (e.g. 8)")
     a = cfg.augment

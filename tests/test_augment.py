@@ -86,3 +86,6 @@ def test_bad_augmentation_settings_are_refused_by_name():
         load_config(None, ["decode.average_last=5", "train.keep_checkpoints=3"])
     with pytest.raises(ConfigError, match="needs a beam search"):
         load_config(None, ["decode.beam=0", "decode.lm_order=3"])
+    for bad in (["decode.oov_penalty=-1"], ["decode.oov_penalty=10", "decode.lm_order=0"]):
+        with pytest.raises(ConfigError, match="decode.oov_penalty"):
+            load_config(None, bad)
