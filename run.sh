@@ -86,7 +86,7 @@ for f in "$conf" "$ds_config" ${hostfile:+"$hostfile"}; do
 done
 
 mkdir -p "$exp/log" "$exp/.done"
-# progress bars draw on the terminal while stage output is teed into the logs (recipe/progress.py)
+# progress bars draw on the terminal while stage output is teed into the logs (recipe/lib/progress.py)
 if [ -t 2 ]; then export RECIPE_TTY=1; fi
 venv=.venv
 py="$venv/bin/python"
@@ -108,14 +108,16 @@ run_stage() {
 }
 
 setup() {
-  # Keyed on requirements.txt, so a changed pin reinstalls; the venv is shared by every experiment.
-  local key; key=$(sha1sum requirements.txt | cut -c1-12)
+  # Keyed on requirements.txt and pyproject.toml, so a changed pin reinstalls; the venv is shared by every experiment.
+  local key; key=$(cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
   if [ -f "$venv/.setup-$key" ]; then echo "virtual environment $venv is up to date"; return 0; fi
   [ -x "$py" ] || "$python" -m venv "$venv"
   "$py" -m pip install -q --upgrade pip
   # torch first and alone: the pinned CPU build comes from the local wheel cache on our machines
   "$py" -m pip install -q torch==2.13.0
   "$py" -m pip install -q -r requirements.txt
+  # the recipe itself (recipe, model, comm), editable: imports work from any folder, no sys.path edits
+  "$py" -m pip install -q --no-deps --no-build-isolation -e .
   touch "$venv/.setup-$key"
 }
 
@@ -139,8 +141,10 @@ else
   world=$learners
   check_nodes=$nodes
 fi
-run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" --ds-config "$ds_config" --world-size "$world" \
-  --nodes "$check_nodes" "${conf_args[@]}"
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 1 ]; then  # a bad JSON or layout fails before hours of preparation
+  "$py" -m recipe.train --check --ds-config "$ds_config" --world-size "$world" --nodes "$check_nodes" "${conf_args[@]}"
+fi
+run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" "${conf_args[@]}"
 run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
 run_stage 3 "train" train
 run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"

@@ -2,13 +2,13 @@
 
 One round: take a snapshot of the weights (under the step lock, so never half an optimizer step), exchange
 snapshots with the round's peer over a gloo group of its own (never a second NCCL communicator beside
-DeepSpeed's: DESIGN.md trap 6), and hand the compute thread  delta = (w_peer - w_snapshot) / 2 , which it adds
+DeepSpeed's: DESIGN.md §9.6), and hand the compute thread  delta = (w_peer - w_snapshot) / 2 , which it adds
 at its next step boundary (apply_pending). The merge cannot happen at any other time: forward and backward
 hold references to the weights, and autograd rejects weights changed in place under it. Adding the difference
-rather than overwriting keeps every optimizer step taken while the exchange was in flight (trap 7); the two
+rather than overwriting keeps every optimizer step taken while the exchange was in flight (DESIGN.md §9.7); the two
 sides of an exchange add opposite deltas, so the sum of all weights is preserved exactly.
 
-Stopping (trap 8): every thread runs rounds 0, 1, 2, ... in order and its peer in a round is fixed by the
+Stopping (DESIGN.md §9.8): every thread runs rounds 0, 1, 2, ... in order and its peer in a round is fixed by the
 schedule, so two threads never wait on each other across different rounds. To stop, the learners pause
 (no new round starts), agree on R = the largest number of rounds any of them has started, and every thread
 runs on to exactly R rounds. Each exchange then has its partner, whoever was fast or slow.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -38,6 +39,22 @@ EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.
 
 class GossipProtocolError(RuntimeError):
     pass
+
+
+@dataclass
+class GossipStats:
+    """What a learner's gossip did; adds up over threads (one per epoch)."""
+
+    bytes_sent: int = 0
+    exchange_seconds: float = 0.0
+    boundary_bytes: int = 0  # sent across a node boundary (counted with an emulated link only)
+    merges_skipped: int = 0  # peer weights that were not finite, never merged
+    rounds_skipped: int = 0  # paired with a lost peer
+
+    def __iadd__(self, other: "GossipStats") -> "GossipStats":
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
 
 
 def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -73,14 +90,10 @@ class GossipThread:
         self.period = period
         self.dtype = EXCHANGE_DTYPES[exchange_dtype]
         self.rounds_started = first_round
-        self.bytes_sent = 0
-        self.exchange_seconds = 0.0
-        self.merges_skipped = 0  # peer weights that were not finite
+        self.stats = GossipStats()
         self.link = link or EmulatedLink({})
         self.crosses_boundary = crosses_boundary
-        self.boundary_bytes = 0
         self.lost_peers = set(lost_peers or ())
-        self.rounds_skipped = 0  # paired with a lost peer
         self.confirm_lost = confirm_lost
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
@@ -142,7 +155,7 @@ class GossipThread:
                 if peer not in self.lost_peers:
                     self._exchange(r, peer)
                 if peer in self.lost_peers:  # known lost before the round, or found lost by its exchange
-                    self.rounds_skipped += 1
+                    self.stats.rounds_skipped += 1
         except BaseException as err:  # reported by stop() on the compute thread
             self._error = err
 
@@ -166,22 +179,22 @@ class GossipThread:
             self.lost_peers.add(peer)
             return
         nbytes = outgoing.numel() * outgoing.element_size()
-        self.bytes_sent += nbytes
+        self.stats.bytes_sent += nbytes
         if self.link.enabled and self.crosses_boundary(peer):
             self.link.wait_out(t0, nbytes)  # both directions at once: one message's worth of time
-            self.boundary_bytes += nbytes
+            self.stats.boundary_bytes += nbytes
         if self.dtype != torch.float32:
             # both sides take the difference of the same two rounded vectors, so the deltas stay opposite
             # and the sum of the weights is still preserved exactly
             snapshot = outgoing.to(torch.float32)
         incoming = incoming.to(torch.float32)
         if not torch.isfinite(incoming).all():
-            self.merges_skipped += 1
+            self.stats.merges_skipped += 1
         else:
             delta = (incoming - snapshot).mul_(0.5)
             with self._cond:  # while stopping, rounds run on without the compute thread: deltas add up
                 self._pending = delta if self._pending is None else self._pending.add_(delta)
-        self.exchange_seconds += time.perf_counter() - t0
+        self.stats.exchange_seconds += time.perf_counter() - t0
 
     def _send_receive(self, r: int, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> None:
         header = torch.tensor([r, dist.get_rank(), outgoing.numel()])

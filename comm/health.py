@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Callable
 
-import torch.distributed as dist
+from comm.distributed import store
 
 LOST_KEY, ANSWERED_KEY = "heartbeat/lost", "heartbeat/answered"
 IN, DROPPED = b"in", b"dropped"
@@ -50,7 +50,7 @@ class Heartbeat:
                  linger_s: float = 30.0):
         self.rank, self.world_size = rank, world_size
         self.interval_s, self.grace_s, self.linger_s = interval_s, grace_s, linger_s
-        self.store = dist.distributed_c10d._get_default_store()
+        self.store = store("health/")
         self._where: Callable[[], str] = lambda: f"on learner {rank}"
         self._diagnosing = threading.Event()  # the main thread is on it: the watchdog stands aside
         self._stop = threading.Event()

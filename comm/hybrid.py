@@ -22,14 +22,14 @@ import torch
 import torch.distributed as dist
 
 from comm.adpsgd import ADPSGDStrategy
-from comm.base import collective_device
+from comm.base import dealt_batches
+from comm.distributed import collective_device
 from comm.gossip import add_flat
 from comm.layout import LayoutError
 
 
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
-    independent_sampling = False  # the learners of a node step together; nodes read different shards
 
     def __init__(self, layout, options, heartbeat=None):
         if layout.nodes < 2:
@@ -37,37 +37,35 @@ class HybridStrategy(ADPSGDStrategy):
                               f"{layout.nodes} x local_size={layout.local_size} = world_size={layout.world_size}. "
                               "On one machine, emulate nodes with run.sh --nodes M")
         super().__init__(layout, options, heartbeat, units=layout.nodes)
-        self.is_leader = layout.local_rank == 0
+        self.gossips = layout.local_rank == 0  # the node's leader; its mates merge what it broadcasts
 
     @property
     def data_parallel_size(self) -> int:
         return self.layout.local_size  # DeepSpeed's group (the mpu's): the node
 
-    def _gossip_ranks(self) -> list[int]:
+    def gossip_ranks(self) -> list[int] | None:
         return [n * self.layout.local_size for n in range(self.layout.nodes)]  # the node leaders
+
+    def batches(self, sampler, epoch: int, accumulation: int):
+        """Dealt by rank, as SYNC's: the learners of a node step together, so they take equal counts."""
+        return dealt_batches(self.members, sampler, epoch, accumulation)
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.node_rank, round_) * self.layout.local_size
 
-    def lost_node_mates(self) -> list[int]:
+    def _lost_needed(self) -> list[int]:
         """After a node collective failed: the learners of this node that are gone ([]: a real error)."""
-        if not self.goes_on:
+        if not self.members.goes_on:
             return []
         first = self.layout.node_rank * self.layout.local_size
         mates = [r for r in range(first, first + self.layout.local_size) if r != self.layout.rank]
         return [r for r in mates if self._confirm_lost(r)]
 
-    def _start_gossip(self) -> None:
-        if self.is_leader:
-            super()._start_gossip()
-        else:
-            self._thread = _Follower(self.rounds)
-
     def _merge(self) -> None:
         """Every learner of the node adds the same delta at the same step boundary."""
-        group = self.mpu().get_data_parallel_group()
-        device = collective_device()  # DeepSpeed's node group: NCCL on GPUs
-        delta = self._thread.take_pending() if self.is_leader else None
+        group = self.groups.data  # DeepSpeed's node group: NCCL on GPUs
+        device = collective_device()
+        delta = self._thread.take_pending() if self._thread is not None else None
         flag = torch.tensor([0 if delta is None else 1], device=device)
         leader = self.layout.node_rank * self.layout.local_size
         dist.broadcast(flag, src=leader, group=group)
@@ -75,27 +73,5 @@ class HybridStrategy(ADPSGDStrategy):
             delta = torch.empty(sum(p.numel() for p in self._params), device=device) if delta is None \
                 else delta.to(device)
             dist.broadcast(delta, src=leader, group=group)
-            with self.step_lock:
+            with self.lock:
                 add_flat(self._params, delta)
-
-
-class _Follower:
-    """A non-leader's stand-in for the gossip thread: it exchanges nothing and merges only what its leader
-    broadcasts, but takes part in agreeing on the last round."""
-
-    def __init__(self, rounds: int):
-        self.rounds_started = rounds
-        self.bytes_sent = self.boundary_bytes = self.merges_skipped = self.rounds_skipped = 0
-        self.exchange_seconds = 0.0
-
-    def step_done(self) -> None:
-        pass
-
-    def take_pending(self):
-        return None
-
-    def pause(self) -> int:
-        return self.rounds_started
-
-    def stop(self, last_round: int, timeout: float | None = None) -> None:
-        self.rounds_started = last_round

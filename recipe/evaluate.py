@@ -28,13 +28,13 @@ import torch
 from omegaconf import OmegaConf
 
 from model.lstm import ctc_loss, frame_ce_loss
-from recipe.config import load_config
-from recipe.data import read_table
-from recipe.dataset import BucketBatchSampler, ChunkDataset, CTCDataset
-from recipe.decode import beam_decode
-from recipe.kaldi_io import write_matrices
-from recipe.ngram import NgramLM
-from recipe.targets import log_priors
+from recipe.lib.config import load_config
+from recipe.lib.tables import read_table
+from recipe.lib.dataset import BucketBatchSampler, ChunkDataset, CTCDataset
+from recipe.lib.decode import beam_decode
+from recipe.lib.kaldi_io import write_matrices
+from recipe.lib.ngram import NgramLM
+from recipe.lib.targets import log_priors
 
 
 
@@ -165,7 +165,7 @@ def export_loglikes(model: torch.nn.Module, data: ChunkDataset, batches: list[li
 
 def main(argv=None) -> int:
     """Recipe stage: decode the held-out set with the final model; write hypotheses and scores."""
-    from recipe.experiment import Experiment
+    from recipe.lib.experiment import Experiment
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)

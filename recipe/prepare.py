@@ -4,10 +4,10 @@
     python -m recipe.prepare features --exp EXP [--conf FILE] [key=value ...]
 
 Stage 1 synthesizes the built-in corpus (or reads the user's Kaldi data dirs, or prepares a public corpus from
-its local folder: recipe/corpora.py), checks every utterance, writes clean data dirs and the token set into
+its local folder: recipe/lib/corpora.py), checks every utterance, writes clean data dirs and the token set into
 EXP/data. Stage 2 fills (or finds) the feature caches, the training set at every speed-perturbation factor (or
 copies the user's Kaldi features into one), resolves speaker vectors by utterance, and for the CE objective
-checks the frame targets against the features and stores them (recipe/targets.py).
+checks the frame targets against the features and stores them (recipe/lib/targets.py).
 """
 
 from __future__ import annotations
@@ -22,23 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
-from comm import ProcessLayout, build_strategy
-from recipe.augment import source_utt, speed_perturbed
-from recipe.config import ConfigError, load_config
-from recipe.corpora import prepare_corpus
-from recipe.data import (DataError, absolute_rxfilename, build_tokens, check_tokens, load_data_dir, read_table,
-                         write_data_dir, write_tokens)
-from recipe.ds_config import load_ds_config
-from recipe.features import FeatureCache, extract_features, import_kaldi_features
-from recipe.kaldi_io import iter_alignments, read_vectors
-from recipe.targets import ctm_alignments, read_phone_table, write_targets
+from recipe.lib.augment import source_utt, speed_perturbed
+from recipe.lib.config import ConfigError, load_config
+from recipe.lib.corpora import prepare_corpus
+from recipe.lib.datadir import build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
+from recipe.lib.tables import DataError, absolute_rxfilename, read_table
+from recipe.lib.features import FeatureCache, extract_features, import_kaldi_features
+from recipe.lib.kaldi_io import iter_alignments, read_vectors
+from recipe.lib.targets import ctm_alignments, read_phone_table, write_targets
 
 log = logging.getLogger("recipe.prepare")
 
 
 def synthesized(conf, work: Path, n_train: int, n_test: int) -> Path:
     """The built-in corpus of that size (synthesized once, then found by its name)."""
-    from recipe.synth import synthesize_corpus
+    from recipe.lib.synth import synthesize_corpus
 
     d = conf.data
     corpus = work / f"synth-v2-{n_train}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
@@ -179,10 +177,6 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=("data", "features"))
     p.add_argument("--exp", required=True, help="experiment folder")
     p.add_argument("--conf", default=None, help="recipe YAML (default: the schema's defaults)")
-    p.add_argument("--ds-config", default=None, help="checked here too, so a bad strategy or JSON fails before "
-                                                     "hours of preparation rather than after")
-    p.add_argument("--world-size", type=int, default=1, help="learners the strategy will be checked against")
-    p.add_argument("--nodes", type=int, default=1, help="... on this many nodes")
     p.add_argument("--work", default=None, help="shared folder for corpora and feature caches "
                                                 "(default: the experiment folder's parent)")
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
@@ -193,14 +187,11 @@ def main(argv=None) -> int:
     exp.mkdir(parents=True, exist_ok=True)
     try:
         conf = load_config(args.conf, args.overrides)
-        if args.ds_config:
-            env = {"WORLD_SIZE": args.world_size, "LOCAL_SIZE": args.world_size}
-            build_strategy(load_ds_config(args.ds_config)[1], ProcessLayout.from_env(env, args.nodes))
         if args.stage == "data":
             summary = prepare_data(conf, exp, work / "corpus")
         else:
             summary = prepare_features(conf, exp, work / "features")
-    except (ConfigError, DataError, ValueError) as err:  # LayoutError is a ValueError
+    except (ConfigError, DataError, ValueError) as err:
         log.error("%s", err)
         return 2
     print(json.dumps(summary, indent=1, default=str))

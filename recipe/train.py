@@ -4,11 +4,16 @@ Started once per learner by the deepspeed launcher (run.sh builds the command):
 
     deepspeed --num_gpus N recipe/train.py --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
 
-The distributed strategy is chosen by the JSON's "comm" section and reached only through its hooks
+The distributed strategy is chosen by the JSON's "comm" section and reached only through its interface
 (comm/base.py), so this loop is the same for SYNC, ADPSGD and HYBRID. Every epoch ends with a held-out
-evaluation (sharded over the learners, totals summed) and an atomic checkpoint; --resume continues from the
-latest one and, for SYNC, reproduces an uninterrupted run bit for bit: batches and dropout masks are pure
-functions of (seed, epoch, rank), and the learning rate a pure function of global progress.
+evaluation (sharded over the learners, totals summed) and an atomic checkpoint that carries the TrainState;
+--resume continues from the latest one and, for SYNC, reproduces an uninterrupted run bit for bit: batches and
+dropout masks are pure functions of (seed, epoch, rank), and the learning rate a pure function of global
+progress.
+
+run.sh first checks a launch without starting it (the JSON, the strategy against the layout):
+
+    python -m recipe.train --check --ds-config FILE --world-size N [--nodes M]
 """
 
 from __future__ import annotations
@@ -21,11 +26,10 @@ import os
 import shlex
 import sys
 import time
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make the repo importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a script by the deepspeed launcher
     from recipe.supervisor import is_supervised, supervise
 
     if __name__ == "__main__" and not is_supervised():  # the learner runs in a child (recipe/supervisor.py)
@@ -33,20 +37,20 @@ if __package__ in (None, ""):  # run as a script by the deepspeed launcher: make
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from comm import ProcessLayout, build_strategy, init_distributed
+from comm import FaultInjector, ProcessLayout, build_strategy, init_distributed
 from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters
-from recipe.config import load_config
-from recipe.dataset import BucketBatchSampler
-from recipe.ds_config import load_ds_config
-from recipe.evaluate import batch_loss, evaluate, rates
-from recipe.experiment import Experiment
-from recipe.progress import progress_bar
-from recipe.schedule import learning_rate
+from recipe.evaluate import evaluate, rates
+from recipe.lib.config import ConfigError, load_config
+from recipe.lib.dataset import BucketBatchSampler
+from recipe.lib.ds_config import load_ds_config
+from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
+from recipe.lib.experiment import Experiment
+from recipe.lib.progress import progress_bar
+from recipe.lib.schedule import learning_rate
 from recipe.supervisor import declare_goes_on
 
 log = logging.getLogger("recipe.train")
@@ -58,8 +62,8 @@ class NonFiniteTraining(RuntimeError):
 
 
 class SkippedSteps:
-    """Optimizer steps skipped for a non-finite loss or gradient (train_step): counted, and `limit` of them in
-    a row stop the run rather than let a diverged model spend more hours."""
+    """Optimizer steps skipped for a non-finite loss or gradient (engine.train_step): counted, and `limit` of
+    them in a row stop the run rather than let a diverged model spend more hours."""
 
     def __init__(self, limit: int):
         self.limit, self.in_row, self.count = limit, 0, 0
@@ -77,255 +81,269 @@ class SkippedSteps:
                                     f"optim.lr, check the features, or raise train.max_bad_steps")
 
 
-def threads_per_learner(requested: int, local_size: int) -> int:
-    """Cores / learners on this node (DESIGN.md trap 1: oversubscribed threads ran 8x slower)."""
-    if requested > 0:
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // local_size)
+@dataclass
+class TrainState:
+    """Where training stands, besides the weights: saved in every checkpoint, restored by --resume."""
+
+    epoch: int = 0  # epochs completed
+    wall_s: float = 0.0  # training time so far (each epoch's steps and consensus; evaluation excluded)
+    frames: int = 0  # frames trained, all learners together
+    skipped_steps: int = 0
+    history: list[dict] = field(default_factory=list)  # the training log's records, one per epoch
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 
-def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
-    if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    cls = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
-    return cls(params, lr=lr, weight_decay=optim.weight_decay)
+@dataclass
+class EpochTotals:
+    """One learner's own count of an epoch, before the sums over the learners."""
+
+    frames: int = 0
+    loss_sum: float = 0.0
+    finite_losses: int = 0
+    micro_steps: int = 0
+    lr: float = 0.0
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(self.finite_losses, 1)
 
 
-def live_sum(strategy, values: list[float]) -> list[float]:
-    """Sums over the learners still running: all of them, unless ADPSGD went on without a lost one."""
-    return strategy.reduce_live(torch.tensor(values, dtype=torch.float64)).tolist()
+class Trainer:
+    def __init__(self, args):
+        self.args = args
+        self.layout = ProcessLayout.from_env(emulated_nodes=args.nodes)
+        self.conf = load_config(args.conf, args.overrides)
+        self.engine_conf, comm_conf = load_ds_config(args.ds_config)
+        learners_here = int(os.environ.get("LOCAL_SIZE", self.layout.local_size))  # processes on this machine
+        torch.set_num_threads(threads_per_learner(self.conf.train.num_threads, learners_here))
+        init_distributed(self.conf.train.collective_timeout_s)
+        self.heartbeat = Heartbeat(self.layout.rank, self.layout.world_size)  # finds lost learners
+        self.strategy = build_strategy(comm_conf, self.layout, self.heartbeat)
+        self.faults = FaultInjector(self.strategy.conf["debug"], self.layout.rank)
+        if self.strategy.members.goes_on:  # without a lost learner: the launcher must not stop the others
+            declare_goes_on()
+        self.exp = Experiment(args.exp, self.conf)
+        self.is_main = self.layout.rank == 0
+        if self.is_main:
+            self.write_artifacts(comm_conf)
+        self.build_data()
+        self.engine = experiment_engine(self.exp, self.engine_conf, self.strategy, self.train_set.dim,
+                                        self.global_batch)
+        self.state = TrainState()
+        self.epoch = 1  # the epoch being trained
+        self.skipped = SkippedSteps(self.conf.train.max_bad_steps)
+
+    def write_artifacts(self, comm_conf: dict) -> None:
+        """The resolved YAML, the JSON and the launch command, into the experiment folder."""
+        root = self.exp.root
+        OmegaConf.save(self.conf, root / "conf.yaml")
+        (root / "ds_config.json").write_text(json.dumps({**self.engine_conf, "comm": comm_conf}, indent=1))
+        (root / "launch.txt").write_text(f"{self.args.launch_command or shlex.join(sys.argv)}\n"
+                                         f"# world_size={self.layout.world_size} nodes={self.layout.nodes}\n")
+
+    def build_data(self) -> None:
+        """Datasets, samplers and the batch arithmetic (DESIGN.md §9.3: the global batch, reported)."""
+        self.train_set, self.test_set = self.exp.dataset("train"), self.exp.dataset("test")
+        self.micro = self.engine_conf["train_micro_batch_size_per_gpu"]
+        self.accum = self.engine_conf.get("gradient_accumulation_steps", 1)
+        world, seed = self.layout.world_size, self.conf.train.seed
+        self.global_batch = self.micro * self.accum * world  # utterances per optimizer step, all learners
+        self.node_batch = self.micro * self.accum * self.layout.local_size
+        self.sampler = BucketBatchSampler(self.train_set.lengths, self.micro, self.layout.rank, world, seed)
+        self.test_batches = BucketBatchSampler(self.test_set.lengths, self.micro, shuffle=False).epoch_batches(0)
+        self.steps_per_epoch = len(self.sampler) // self.accum  # optimizer steps
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
+                             f"{self.accum} accumulations")
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """A checkpoint: the consensus model, this learner's optimizer, the TrainState."""
+        return {"model": self.strategy.consensus(self.engine).state_dict(),
+                "optimizer": self.engine.optimizer.state_dict(), "epoch": self.state.epoch,
+                "train_state": self.state.state_dict()}
+
+    def load_state_dict(self, checkpoint: dict) -> None:
+        self.engine.module.load_state_dict(checkpoint["model"])
+        self.engine.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.state.load_state_dict(checkpoint["train_state"])
+
+    def resume(self) -> None:
+        if self.args.resume and self.exp.checkpoints():
+            checkpoint = self.exp.load_checkpoint()
+            self.load_state_dict(checkpoint)
+            self.epoch = self.state.epoch + 1
+            log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
+        if self.is_main:  # the log holds exactly the epochs of the checkpoint being continued
+            (self.exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in self.state.history))
+
+    def where(self) -> str:
+        """Where the run stands, for error messages."""
+        checkpoints = self.exp.checkpoints()
+        return (f"on learner {self.layout.rank} in epoch {self.epoch} (last checkpoint: "
+                f"{checkpoints[-1] if checkpoints else 'none yet'})")
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Every epoch from the TrainState's on; -> the run's metrics (also EXP/metrics.json)."""
+        self.resume()
+        self.log_start()
+        bar = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("loss {task.fields[loss]:.3f}"),
+                           TextColumn("{task.fields[fps]:>7.0f} frames/s"), TimeRemainingColumn(),
+                           enabled=self.is_main)
+        with bar, self.heartbeat.watch(self.where, self.strategy.members.lost_needed):
+            for epoch in range(self.state.epoch + 1, self.conf.train.epochs + 1):
+                self.epoch, t0 = epoch, time.perf_counter()
+                totals = self.train_one_epoch(epoch, bar)
+                stats = self.strategy.end_epoch(self.engine)  # ADPSGD/HYBRID: the consensus is part of the epoch
+                self.end_epoch(epoch, totals, stats, time.perf_counter() - t0)
+        self.strategy.close()
+        self.heartbeat.close()
+        metrics = self.metrics()
+        if self.is_main:
+            (self.exp.root / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        return metrics
+
+    def train_one_epoch(self, epoch: int, bar) -> EpochTotals:
+        torch.manual_seed(self.conf.train.seed * 1_000_003 + epoch * 1009 + self.layout.rank)  # dropout masks
+        self.engine.train()
+        t0, totals, self.skipped.count = time.perf_counter(), EpochTotals(), 0
+        task = bar.add_task(f"epoch {epoch}/{self.conf.train.epochs}", total=self.steps_per_epoch * self.accum,
+                            loss=0.0, fps=0.0)
+        for micro_step, (batch, progress) in enumerate(self.strategy.batches(self.sampler, epoch, self.accum)):
+            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch - 1 + progress)
+            for group in self.engine.optimizer.param_groups:
+                group["lr"] = totals.lr
+            # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume
+            rng = np.random.default_rng([self.conf.train.seed, epoch, self.layout.rank, micro_step])
+            b = self.train_set.collate(batch, rng)
+            t_step = time.perf_counter()
+            loss, applied = train_step(self.engine, self.strategy, b)
+            self.faults.after_micro_batch(time.perf_counter() - t_step)
+            if math.isfinite(loss):
+                totals.loss_sum, totals.finite_losses = totals.loss_sum + loss, totals.finite_losses + 1
+            self.skipped.record(loss, applied, self.engine.fp16_enabled(), self.where)
+            totals.frames += int(b["lengths"].sum())
+            totals.micro_steps = micro_step + 1
+            elapsed = time.perf_counter() - t0
+            bar.update(task, advance=1, loss=totals.mean_loss, fps=totals.frames * self.layout.world_size / elapsed)
+            if self.is_main and (micro_step + 1) % self.conf.train.log_interval == 0:
+                log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
+                         totals.mean_loss, totals.lr, totals.frames / elapsed)
+        bar.remove_task(task)
+        return totals
+
+    def compute_validation(self) -> dict:
+        """Held-out scores of the consensus model, each live learner scoring a share, totals summed."""
+        members = self.strategy.members
+        shard = self.test_batches[members.index():: len(members.live)]
+        totals, _ = evaluate(self.strategy.consensus(self.engine), self.test_set, shard, self.exp.tokens)
+        return rates(dict(zip(sorted(totals), members.sum([totals[k] for k in sorted(totals)]))))
+
+    def end_epoch(self, epoch: int, totals: EpochTotals, strategy_stats: dict, epoch_wall: float) -> None:
+        """Sums over the learners, held-out scores, the checkpoint and the training log."""
+        members = self.strategy.members
+        frames, train_loss, skipped = members.sum([totals.frames, totals.mean_loss, self.skipped.count])
+        one_hot = [totals.micro_steps if r == self.layout.rank else 0 for r in range(self.layout.world_size)]
+        micro_steps = [int(n) for n in members.sum(one_hot)]  # every learner's step count this epoch
+        self.state.wall_s += epoch_wall
+        self.state.frames += int(frames)
+        self.state.skipped_steps += int(skipped)
+        record = {"epoch": epoch, "train_loss": train_loss / len(members.live), "lr": totals.lr,
+                  "epoch_wall_s": epoch_wall, "wall_s": self.state.wall_s, "train_frames_per_s": frames / epoch_wall,
+                  "learner_micro_steps": micro_steps, "skipped_steps": int(skipped), **self.compute_validation(),
+                  **strategy_stats}
+        self.state.epoch = epoch
+        self.state.history.append(record)
+        if self.is_main:
+            self.exp.save_checkpoint(self.state_dict(), epoch, self.conf.train.keep_checkpoints)
+            with open(self.exp.root / "train_log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.log_epoch(record)
+        members.barrier()  # nobody goes on (or exits) while the checkpoint is written
+
+    # -- reporting -----------------------------------------------------------------------------------------------
+    def log_start(self) -> None:
+        if self.is_main:
+            log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d params=%d "
+                     "threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes, self.global_batch,
+                     self.node_batch, self.steps_per_epoch, count_parameters(self.engine.module),
+                     torch.get_num_threads())
+
+    def log_epoch(self, record: dict) -> None:
+        scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
+        log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", record["epoch"],
+                 record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"],
+                 record["epoch_wall_s"])
+        if record.get("lost_learners"):
+            log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
+                        len(self.strategy.members.live), self.layout.world_size)
+
+    def metrics(self) -> dict:
+        last, engine_conf = self.state.history[-1], self.engine_conf
+        return {"strategy": self.strategy.name, "learners": self.layout.world_size, "nodes": self.layout.nodes,
+                "micro_batch": self.micro, "gradient_accumulation_steps": self.accum,
+                "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.conf.train.epochs,
+                "params": count_parameters(self.engine.module), "wall_s": self.state.wall_s,
+                "train_frames_per_s": self.state.frames / max(self.state.wall_s, 1e-9),
+                "objective": self.conf.train.objective, "heldout_loss": last["heldout_loss"],
+                **{k: last[k] for k in SCORE_KEYS if k in last},
+                "train_utterances": self.train_set.num_utterances, "test_utterances": self.test_set.num_utterances,
+                "skipped": {"train": dict(self.train_set.skipped), "test": dict(self.test_set.skipped)},
+                **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
+                "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
+                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
 
 
-def train(args) -> dict:
-    layout = ProcessLayout.from_env(emulated_nodes=args.nodes)
-    conf = load_config(args.conf, args.overrides)
-    engine_conf, comm_conf = load_ds_config(args.ds_config)
-    learners_here = int(os.environ.get("LOCAL_SIZE", layout.local_size))  # real processes on this machine
-    torch.set_num_threads(threads_per_learner(conf.train.num_threads, learners_here))
-    init_distributed(conf.train.collective_timeout_s)
-    heartbeat = Heartbeat(layout.rank, layout.world_size)  # finds lost learners (comm/health.py)
-    strategy = build_strategy(comm_conf, layout, heartbeat)
-    if strategy.goes_on:  # without a lost learner: the launcher must not stop the others when it dies
-        declare_goes_on()
-    exp = Experiment(args.exp, conf)
-    is_main = layout.rank == 0
-    if is_main:
-        OmegaConf.save(conf, exp.root / "conf.yaml")
-        (exp.root / "ds_config.json").write_text(json.dumps({**engine_conf, "comm": comm_conf}, indent=1))
-        (exp.root / "launch.txt").write_text(f"{args.launch_command or shlex.join(sys.argv)}\n"
-                                             f"# world_size={layout.world_size} nodes={layout.nodes}\n")
-
-    train_set, test_set = exp.dataset("train"), exp.dataset("test")
-    micro = engine_conf["train_micro_batch_size_per_gpu"]
-    accum = engine_conf.get("gradient_accumulation_steps", 1)
-    global_batch = micro * accum * layout.world_size  # utterances per optimizer step, all learners together
-    node_batch = micro * accum * layout.local_size
-    sampler = BucketBatchSampler(train_set.lengths, micro, layout.rank, layout.world_size, conf.train.seed)
-    test_batches = BucketBatchSampler(test_set.lengths, micro, shuffle=False).epoch_batches(0)
-    steps_per_epoch = len(sampler) // accum  # optimizer steps
-    if steps_per_epoch == 0:
-        raise ValueError(f"{len(sampler)} micro batches per learner cannot make one step of {accum} accumulations")
-
-    engine = build_engine(exp, conf, engine_conf, strategy, train_set.dim, global_batch)
-
-    def epoch_batches(epoch: int):
-        """-> (micro batch, fraction of the epoch done by all learners together once it is trained)."""
-        if not strategy.independent_sampling:  # dealt over the learners still running, equal counts
-            batches, live = sampler.epoch_batches(epoch), strategy.live
-            steps = len(batches) // len(live) // accum
-            for i, batch in enumerate(batches[live.index(layout.rank):: len(live)][: steps * accum]):
-                yield batch, (i // accum + 1) / steps
-            return
-        # Every learner walks its own shuffle of ALL batches; the epoch ends once the learners together have
-        # taken as many utterances as the training set has. The default store's add() is an atomic global
-        # counter, so a fast learner simply takes more batches than a slow one (DESIGN.md trap 9).
-        store = dist.distributed_c10d._get_default_store()
-        own = BucketBatchSampler(train_set.lengths, micro, seed=conf.train.seed * 100_003 + layout.rank + 1)
-        key, total = f"epoch-{epoch}-utterances", len(train_set)
-        while True:
-            for batch in own.epoch_batches(epoch):
-                taken = store.add(key, len(batch))
-                if taken - len(batch) >= total:
-                    return
-                yield batch, min(1.0, taken / total)
-
-    first_epoch, history = 1, []
-    prior = {"train_wall_s": 0.0, "train_frames": 0}
-    if args.resume and exp.checkpoints():
-        state = exp.load_checkpoint()
-        engine.module.load_state_dict(state["model"])
-        engine.optimizer.load_state_dict(state["optimizer"])
-        first_epoch = state["epoch"] + 1
-        prior = {"train_wall_s": state["train_wall_s"], "train_frames": state["train_frames"]}
-        history = [json.loads(line) for line in (exp.root / "train_log.jsonl").read_text().splitlines()
-                   if json.loads(line)["epoch"] <= state["epoch"]]
-        log.info("resumed from %s (epoch %d)", state["path"], state["epoch"])
-    if is_main:  # the log holds exactly the epochs of the checkpoint being continued
-        (exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
-        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d params=%d "
-                 "threads=%d", strategy.name, layout.world_size, layout.nodes, global_batch, node_batch,
-                 steps_per_epoch, count_parameters(engine.module), torch.get_num_threads())
-
-    train_wall, train_frames = prior["train_wall_s"], prior["train_frames"]
-    skipped = SkippedSteps(conf.train.max_bad_steps)
-    bar = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[fps]:>7.0f} frames/s"),
-                       TimeRemainingColumn(), enabled=is_main)
-    task = bar.add_task("", total=1, loss=0.0, fps=0.0)
-    bar.start()
-    epoch = first_epoch
-
-    def where() -> str:
-        return (f"on learner {layout.rank} in epoch {epoch} (last checkpoint: "
-                f"{exp.checkpoints()[-1] if exp.checkpoints() else 'none yet'})")
-
-    with heartbeat.watch(where, strategy.lost_node_mates):
-        for epoch in range(first_epoch, conf.train.epochs + 1):
-            torch.manual_seed(conf.train.seed * 1_000_003 + epoch * 1009 + layout.rank)  # dropout masks
-            engine.train()
-            t0, frames, loss_sum, finite_losses, skipped.count = time.perf_counter(), 0, 0.0, 0, 0
-            bar.reset(task, total=steps_per_epoch * accum, description=f"epoch {epoch}/{conf.train.epochs}")
-            micro_step = -1  # a slow ADPSGD learner may get no batch at all
-            for micro_step, (batch, progress) in enumerate(epoch_batches(epoch)):
-                lr = learning_rate(conf.optim, global_batch, epoch - 1 + progress)
-                for group in engine.optimizer.param_groups:
-                    group["lr"] = lr
-                # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume
-                b = train_set.collate(batch, np.random.default_rng([conf.train.seed, epoch, layout.rank, micro_step]))
-                t_step = time.perf_counter()
-                loss, applied = train_step(engine, strategy, b)
-                strategy.straggle(time.perf_counter() - t_step)
-                if math.isfinite(loss):
-                    loss_sum, finite_losses = loss_sum + loss, finite_losses + 1
-                skipped.record(loss, applied, engine.fp16_enabled(), where)
-                frames += int(b["lengths"].sum())
-                bar.update(task, advance=1, loss=loss_sum / max(finite_losses, 1),
-                           fps=frames * layout.world_size / (time.perf_counter() - t0))
-                if is_main and (micro_step + 1) % conf.train.log_interval == 0:
-                    elapsed = time.perf_counter() - t0
-                    log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
-                             loss_sum / max(finite_losses, 1), lr, frames / elapsed)
-            strategy_stats = strategy.end_epoch(engine)  # ADPSGD/HYBRID: the consensus is part of the epoch's time
-            epoch_wall = time.perf_counter() - t0
-            epoch_frames, train_loss, skipped_steps = live_sum(strategy, [frames, loss_sum / max(finite_losses, 1),
-                                                                          skipped.count])
-            one_hot = [micro_step + 1 if r == layout.rank else 0 for r in range(layout.world_size)]
-            micro_steps = [int(n) for n in live_sum(strategy, one_hot)]  # every learner's step count this epoch
-            train_wall += epoch_wall
-            train_frames += int(epoch_frames)
-
-            shard = test_batches[strategy.live.index(layout.rank):: len(strategy.live)]
-            totals, _ = evaluate(strategy.consensus(engine), test_set, shard, exp.tokens)
-            totals = dict(zip(sorted(totals), live_sum(strategy, [totals[k] for k in sorted(totals)])))
-            record = {"epoch": epoch, "train_loss": train_loss / len(strategy.live), "lr": lr,
-                      "epoch_wall_s": epoch_wall, "wall_s": train_wall, "train_frames_per_s": epoch_frames / epoch_wall,
-                      "learner_micro_steps": micro_steps, "skipped_steps": int(skipped_steps), **rates(totals),
-                      **strategy_stats}
-            if is_main:
-                exp.save_checkpoint({"model": strategy.consensus(engine).state_dict(),
-                                     "optimizer": engine.optimizer.state_dict(), "epoch": epoch,
-                                     "train_wall_s": train_wall, "train_frames": train_frames},
-                                    epoch, conf.train.keep_checkpoints)
-                with open(exp.root / "train_log.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
-                log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", epoch,
-                         record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"], epoch_wall)
-                if record.get("lost_learners"):
-                    log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
-                                len(strategy.live), layout.world_size)
-            history.append(record)
-            strategy.barrier_live()  # nobody goes on (or exits) while the checkpoint is written
-
-    bar.stop()
-    strategy.close()
-    heartbeat.close()
-    last = history[-1]
-    metrics = {"strategy": strategy.name, "learners": layout.world_size, "nodes": layout.nodes,
-               "micro_batch": micro, "gradient_accumulation_steps": accum, "global_batch": global_batch,
-               "node_batch": node_batch, "epochs": conf.train.epochs, "params": count_parameters(engine.module),
-               "wall_s": train_wall, "train_frames_per_s": train_frames / max(train_wall, 1e-9),
-               "objective": conf.train.objective, "heldout_loss": last["heldout_loss"],
-               **{k: last[k] for k in SCORE_KEYS if k in last},
-               "train_utterances": train_set.num_utterances, "test_utterances": test_set.num_utterances,
-               "skipped": {"train": dict(train_set.skipped), "test": dict(test_set.skipped)},
-               **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
-               "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
-                            "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
-    if is_main:
-        (exp.root / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    return metrics
-
-
-def build_engine(exp: Experiment, conf, engine_conf: dict, strategy, input_dim: int, global_batch: int):
-    """Model + optimizer -> DeepSpeed engine, data-parallel group from the strategy, learners in step."""
-    import deepspeed
-
-    torch.manual_seed(conf.train.seed)  # same initial weights everywhere; attach() makes sure of it
-    model = exp.build_model(input_dim)
-    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0))
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
-    strategy.attach(engine)
-    return engine
-
-
-def gradients_finite(model: torch.nn.Module) -> bool:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
-
-
-def train_step(engine, strategy, batch: dict) -> tuple[float, bool | None]:
-    """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), step, hooks.
-    -> (loss, applied): applied is None between gradient accumulation boundaries, else whether the optimizer
-    step changed the weights. A step with non-finite gradients is skipped: in fp32 here, in bf16 and fp16 by
-    DeepSpeed's optimizer (fp16 also skips its loss-scale overflows). The gradients are checked after
-    DeepSpeed's reduction, so every learner of a data-parallel group skips alike and replicas stay equal."""
-    dtype = next(engine.module.parameters()).dtype
-    logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
-    loss = batch_loss(logits, out_lengths, batch)
-    engine.backward(loss)
-    boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
-    skipped_before = engine.skipped_steps
-    mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
-    skip_here = boundary and not mixed and not gradients_finite(engine.module)
-    if skip_here:  # DeepSpeed's step() still runs (its counters, clipping, zero_grad) but the update does not
-        engine.optimizer.step = lambda *args, **kwargs: None
+def check_launch(args) -> int:
+    """The JSON and its strategy against the layout it will run on, before any work (run.sh calls this)."""
     try:
-        with strategy.step_lock_context():
-            engine.step()
-    finally:
-        if skip_here:
-            del engine.optimizer.step  # the class's step() again
-    if not boundary:
-        return loss.item(), None
-    strategy.after_step(engine)
-    return loss.item(), not (skip_here or engine.skipped_steps > skipped_before)
+        load_config(args.conf, args.overrides)
+        env = {"WORLD_SIZE": args.world_size, "LOCAL_SIZE": args.world_size}
+        build_strategy(load_ds_config(args.ds_config)[1], ProcessLayout.from_env(env, args.nodes))
+    except (ConfigError, ValueError) as err:  # LayoutError is a ValueError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--exp", required=True, help="experiment folder (prepared by stages 1-2)")
+    p.add_argument("--exp", help="experiment folder (prepared by stages 1-2); required unless --check")
     p.add_argument("--ds-config", required=True, help="DeepSpeed JSON with the strategy's comm section")
     p.add_argument("--conf", default=None, help="recipe YAML")
     p.add_argument("--nodes", type=int, default=1, help="emulate this many nodes with this machine's learners "
                                                         "(HYBRID on one machine)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in EXP")
     p.add_argument("--launch-command", default=None, help="recorded in EXP/launch.txt (set by run.sh)")
+    p.add_argument("--check", action="store_true", help="only check the launch: JSON, strategy and layout")
+    p.add_argument("--world-size", type=int, default=1, help="with --check: learners in all")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     p.add_argument("overrides", nargs="*", help="key=value settings over the YAML")
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if not args.check and not args.exp:
+        p.error("--exp is required")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return check_launch(args)
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(stream=sys.stdout, level=logging.WARNING,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     # our log lines from rank 0 only (every rank reads the same data); other libraries stay at warnings
     logging.getLogger("recipe").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     try:
-        train(args)
+        Trainer(args).train()
     except LeftBehind as err:  # a HYBRID node that lost a learner: the other nodes go on
         print(f"LeftBehind: {err}", file=sys.stderr, flush=True)
         os._exit(0)  # its gossip thread may be waiting on a peer: no clean interpreter shutdown to wait for

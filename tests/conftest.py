@@ -1,17 +1,15 @@
 """Shared fixtures: a tiny synthesized corpus prepared once per test session; several learners as real
-processes talking gloo over localhost come from recipe/local_learners.py."""
+processes talking gloo over localhost come from recipe/tools/local_learners.py."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from recipe.tools.local_learners import free_port, run_learners, train_learner  # noqa: F401 - used by the tests
 
-from recipe.local_learners import free_port, run_learners, train_learner  # noqa: E402,F401 - used by the tests
+REPO = Path(__file__).resolve().parent.parent
 
 # A model and corpus small enough for seconds of CPU time, big enough that the loss measurably falls.
 TINY = ["data.synth_train=96", "data.synth_test=16", "data.synth_seed=7", "model.layers=1", "model.hidden=48",

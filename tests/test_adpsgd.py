@@ -118,7 +118,9 @@ def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
     log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
-    assert all(r["gossip_rounds"] > 0 and r["consensus_distance"] >= 0 for r in log)
+    # the learners drift apart between consensus averages (they train on different batches), but gossip keeps
+    # them close: a few percent of the weights' norm at most
+    assert all(r["gossip_rounds"] > 0 and 0 < r["consensus_distance"] < 0.05 for r in log), log
     # the consensus checkpoint decodes every held-out utterance (a tiny model after 4 short epochs is scored
     # but not asserted on: accuracy parity with SYNC is measured in BENCHMARKS.md)
     scores = json.loads((exp / "decode" / "scores.json").read_text())
@@ -149,7 +151,7 @@ def gossip_with_a_faulty_peer(rank: int, world: int, fault: str):
     except RuntimeError as err:
         return {"error": str(err)}
     thread.apply_pending()
-    return {"params": params[0], "skipped": thread.merges_skipped, "rounds": thread.rounds_started}
+    return {"params": params[0], "skipped": thread.stats.merges_skipped, "rounds": thread.rounds_started}
 
 
 def test_a_learner_never_merges_non_finite_weights_from_its_peer():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.augment import SpecAugment, source_utt, speed_perturbed, time_warp
-from recipe.config import AugmentConf, ConfigError, FeatureConf, load_config
-from recipe.features import load_audio
+from recipe.lib.augment import SpecAugment, source_utt, speed_perturbed, time_warp
+from recipe.lib.config import AugmentConf, ConfigError, FeatureConf, load_config
+from recipe.lib.features import load_audio
 from tests.test_features import tone_utterance
 
 MASKS = OmegaConf.merge(OmegaConf.structured(AugmentConf),

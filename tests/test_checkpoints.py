@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from recipe.experiment import Experiment, average_weights
+from recipe.lib.experiment import Experiment, average_weights
 
 
 def state(epoch: int) -> dict:

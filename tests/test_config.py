@@ -8,9 +8,9 @@ import pytest
 
 from comm import ProcessLayout, build_strategy
 from comm.layout import LayoutError
-from recipe.config import ConfigError, load_config
-from recipe.ds_config import load_ds_config
-from recipe.schedule import learning_rate
+from recipe.lib.config import ConfigError, load_config
+from recipe.lib.ds_config import load_ds_config
+from recipe.lib.schedule import learning_rate
 from tests.conftest import REPO
 
 

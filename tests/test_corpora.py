@@ -1,4 +1,4 @@
-"""Public corpora from their distribution layouts (recipe/corpora.py), on fixtures the tests write."""
+"""Public corpora from their distribution layouts (recipe/lib/corpora.py), on fixtures the tests write."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import soundfile
 
 from omegaconf import OmegaConf
 
-from recipe.config import DataConf
-from recipe.corpora import prepare_corpus
-from recipe.data import DataError, load_data_dir
+from recipe.lib.config import DataConf
+from recipe.lib.corpora import prepare_corpus
+from recipe.lib.datadir import load_data_dir
+from recipe.lib.tables import DataError
 from recipe.prepare import main as prepare
 
 

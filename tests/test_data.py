@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from recipe.data import (DataError, build_tokens, check_tokens, load_data_dir, read_tokens, write_data_dir,
-                         write_tokens)
+from recipe.lib.datadir import (build_tokens, check_tokens, load_data_dir, read_tokens, write_data_dir,
+                                 write_tokens)
+from recipe.lib.tables import DataError
 
 SR = 16000
 
@@ -102,7 +103,7 @@ def test_pipe_commands_with_segments_read_the_piped_audio(tmp_path):
     features of each segment equal those of the same samples read from the file."""
     from omegaconf import OmegaConf
 
-    from recipe.features import compute_features, load_audio
+    from recipe.lib.features import compute_features, load_audio
 
     d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
     wav = tmp_path / "wav" / "rec1.wav"

@@ -1,4 +1,4 @@
-"""CTC prefix beam search (recipe/decode.py) and the Kneser-Ney word n-gram LM (recipe/ngram.py).
+"""CTC prefix beam search (recipe/lib/decode.py) and the Kneser-Ney word n-gram LM (recipe/lib/ngram.py).
 
 The decoding cases are small enough to work by hand; the comments give the arithmetic.
 """
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.decode import beam_decode, beam_search
+from recipe.lib.decode import beam_decode, beam_search
 from recipe.evaluate import greedy_decode
-from recipe.ngram import EOS, NgramLM
+from recipe.lib.ngram import EOS, NgramLM
 
 AB = ["<blank>", "a", "b"]
 

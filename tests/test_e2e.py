@@ -26,6 +26,7 @@ def test_run_sh_trains_and_reports(tmp_path):
     assert scores["averaged"] == ["epoch-003.pt", "epoch-004.pt"]  # the decode stage averages the last two
     # beam search with the word LM of the training transcripts, beside the greedy scores
     assert scores["decode"]["beam"] > 0 and scores["decode"]["lm_order"] > 0 and "greedy_wer" in scores
+    assert scores["beam_seconds"] > 0  # the beam search ran, and its scores are the ones reported
     assert (exp / "decode" / "lm.arpa").read_text().startswith("\\data\\")
     # decode settings change after training without retraining; nothing else does
     evaluate = [str(REPO / ".venv" / "bin" / "python"), "-m", "recipe.evaluate", "--exp", str(exp), "--out", "w2"]

@@ -35,7 +35,7 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
 
     recipe_train.train_step = train_step
     try:
-        return recipe_train.train(recipe_train.parse_args(argv))
+        return recipe_train.Trainer(recipe_train.parse_args(argv)).train()
     except RuntimeError as err:
         return f"{type(err).__name__}: {err}"
 

@@ -8,11 +8,11 @@ import soundfile
 from omegaconf import OmegaConf
 
 from model.lstm import LSTMAcousticModel
-from recipe.config import FeatureConf
-from recipe.data import load_data_dir
-from recipe.dataset import BucketBatchSampler, CTCDataset, FeatureReader
+from recipe.lib.config import FeatureConf
+from recipe.lib.datadir import load_data_dir
+from recipe.lib.dataset import BucketBatchSampler, CTCDataset, FeatureReader
 from recipe.evaluate import evaluate
-from recipe.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
+from recipe.lib.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
 from tests.test_data import make_dir
 
 CONF = OmegaConf.structured(FeatureConf)
@@ -141,7 +141,7 @@ def test_a_full_disk_while_writing_features_is_a_clear_error_and_leaves_nothing(
 
     import pytest
 
-    import recipe.features as features
+    import recipe.lib.features as features
 
     utts, _ = load_data_dir(make_dir(tmp_path, {f"s{i % 2}-u{i}": "a b" for i in range(4)}))
     real_open = open
@@ -172,7 +172,7 @@ def test_a_full_disk_while_writing_features_is_a_clear_error_and_leaves_nothing(
 def test_a_truncated_shard_is_named(tmp_path):
     import pytest
 
-    from recipe.data import DataError
+    from recipe.lib.tables import DataError
 
     utts, _ = load_data_dir(make_dir(tmp_path, {f"s0-u{i}": "a b" for i in range(2)}))
     folder = extract_features(utts, tmp_path / "f", "train", CONF, 16000, progress=False)

@@ -1,4 +1,4 @@
-"""recipe/gpu_check.py, the script kept for a lent GPU, run on the CPU so it keeps working between loans."""
+"""recipe/tools/gpu_check.py, the script kept for a lent GPU, run on the CPU so it keeps working between loans."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    cmd = [sys.executable, "-m", "recipe.gpu_check", "--size", "tiny", "--steps", "2", "--warmup", "1",
+    cmd = [sys.executable, "-m", "recipe.tools.gpu_check", "--size", "tiny", "--steps", "2", "--warmup", "1",
            "--out", str(out)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

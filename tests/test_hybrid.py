@@ -50,12 +50,12 @@ def hybrid_steps(rank: int, world: int, steps: int):
         logits, out_lengths = engine(torch.randn(2, 10, 12, generator=g), torch.tensor([10, 8]))
         loss = ctc_loss(logits, out_lengths, torch.randint(1, 6, (4,), generator=g), torch.tensor([2, 2]))
         engine.backward(loss)
-        with strategy.step_lock_context():
+        with strategy.step_lock():
             engine.step()
         strategy.after_step(engine)
         snapshots.append(flat())
     strategy._stop_gossip()  # as at an epoch's end: no exchange in flight, every learner holds every merge
-    return {"before": before, "snapshots": snapshots, "final": flat(), "leader_bytes": strategy.bytes_sent}
+    return {"before": before, "snapshots": snapshots, "final": flat(), "leader_bytes": strategy.stats.bytes_sent}
 
 
 def test_replicas_stay_identical_and_nodes_converge_preserving_the_sum():

@@ -10,7 +10,7 @@ import kaldiio
 import numpy as np
 import pytest
 
-from recipe.data import DataError
+from recipe.lib.tables import DataError
 from recipe.evaluate import main as evaluate
 from recipe.prepare import main as prepare
 from tests.conftest import REPO, run_learners, train_learner
@@ -96,7 +96,7 @@ def test_bad_kaldi_inputs_stop_before_training(kaldi_setup, damage, message):
     damage(root)
     assert prepare(["data", "--exp", str(exp), *settings(root)]) == 0
     with pytest.raises(DataError, match=message):
-        from recipe.config import load_config
+        from recipe.lib.config import load_config
         from recipe.prepare import prepare_features
 
         prepare_features(load_config(None, settings(root)), exp, root / "work")

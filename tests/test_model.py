@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from model.lstm import LSTMAcousticModel, count_parameters, ctc_loss
-from recipe.config import load_config
-from recipe.experiment import build_model
+from recipe.lib.config import load_config
+from recipe.lib.experiment import build_model
 from tests.conftest import REPO
 
 

@@ -14,8 +14,9 @@ import soundfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recipe.config import ConfigError, load_config
-from recipe.data import DataError, load_data_dir, read_tokens
+from recipe.lib.config import ConfigError, load_config
+from recipe.lib.datadir import load_data_dir, read_tokens
+from recipe.lib.tables import DataError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -1,4 +1,4 @@
-"""The larger-than-memory benchmark (recipe/scale_bench.py) at a tiny size: the corpus generator and the
+"""The larger-than-memory benchmark (recipe/tools/scale_bench.py) at a tiny size: the corpus generator and the
 memory measurement of a learner trained under RLIMIT_DATA."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recipe.scale_bench import DIM, MAX_FRAMES, MIN_FRAMES, measure, utterance_lengths
+from recipe.tools.scale_bench import DIM, MAX_FRAMES, MIN_FRAMES, measure, utterance_lengths
 
 
 @pytest.mark.parametrize("size_bytes", [2e6, 20e6, 0.5e9])

@@ -1,4 +1,4 @@
-"""The scaling model's cost formulas (recipe/simulate.py) on small cases worked by hand."""
+"""The scaling model's cost formulas (recipe/tools/simulate.py) on small cases worked by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from recipe.simulate import Cluster, Link, Workload, estimate, exchange_s, paper_table, projection, ring_allreduce_s
+from recipe.tools.simulate import Cluster, Link, Workload, estimate, exchange_s, paper_table, projection, ring_allreduce_s
 
 GBYTE_PER_S = Link(bandwidth_gbps=8, latency_us=0)  # 1e9 bytes/s, no latency
 
@@ -125,8 +125,12 @@ def test_bad_layouts_and_names_are_refused():
 
 
 def test_the_paper_comparison_and_projection_are_computed_not_written_down():
-    for what, model_h, reported_h in paper_table():
-        assert math.isfinite(model_h) and model_h > 0 and reported_h > 0
+    # BENCHMARKS.md's check against the paper: the P100 run within 25% of its reported hours; the V100 runs
+    # about 3x under theirs (they hang on an unchecked V100/P100 speed ratio and on assumed epochs)
+    (_, p100_h, p100_reported), *v100 = paper_table()
+    assert 0.75 < p100_h / p100_reported < 1.25
+    for what, model_h, reported_h in v100:
+        assert 1 / 3.5 < model_h / reported_h < 1, what
     table = projection("H200", sizes=(8, 64, 512))
     assert table["hybrid"][0] is None  # 8 H200 are one node: no gossip between nodes
     # past SYNC's batch limit, more learners stop helping it; ADPSGD keeps gaining

@@ -1,4 +1,4 @@
-"""The study command (recipe/study.py): its plan, a whole tiny study end to end, and its bad settings."""
+"""The study command (recipe/tools/study.py): its plan, a whole tiny study end to end, and its bad settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from recipe.study import StudyConf, main, plan
+from recipe.tools.study import StudyConf, main, plan
 from tests.conftest import TINY
 
 TINY_MODEL = [o for o in TINY if o.startswith(("model.", "optim."))]

@@ -1,4 +1,4 @@
-"""Fast checks of the espeak-ng default corpus (recipe/synth.py) on a tiny corpus."""
+"""Fast checks of the espeak-ng default corpus (recipe/lib/synth.py) on a tiny corpus."""
 import multiprocessing as mp
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from recipe.synth import SIL, VARIANTS, make_speakers, phone_segments, synth_utterance, synthesize_corpus
+from recipe.lib.synth import SIL, VARIANTS, make_speakers, phone_segments, synth_utterance, synthesize_corpus
 
 N_TRAIN, N_TEST, SR = 12, 4, 16000
 VOWELS = {"0", "@", "A@", "E", "I", "O2", "V", "a", "aI", "aU", "eI", "i:", "i@", "o@", "oU", "u:"}

@@ -2,8 +2,8 @@
 bucketed by length, sharded by rank.
 
 The sampler works on the GLOBAL rank and world size, never on DeepSpeed's data-parallel group (DESIGN.md
-trap 4: with node groups every node would otherwise read the same data). Batches hold utterances of similar
-length so padding stays small (trap 13), and every rank gets the same number of batches so a synchronous
+§9.4: with node groups every node would otherwise read the same data). Batches hold utterances of similar
+length so padding stays small (DESIGN.md §9.13), and every rank gets the same number of batches so a synchronous
 allreduce never waits on a rank that has run out.
 """
 
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 import torch
 
-from recipe.features import FeatureCache, cmvn_stats, utterance_cmvn
+from recipe.lib.features import FeatureCache, cmvn_stats, utterance_cmvn
 
 if TYPE_CHECKING:
-    from recipe.targets import FrameTargets
+    from recipe.lib.targets import FrameTargets
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ IGNORE = -100  # frame target of padding: left out of the cross entropy (torch's
 
 class ChunkDataset:
     """The paper's training examples: every utterance cut into non-overlapping chunks of `chunk` frames, each
-    with its frame targets (recipe/targets.py). An utterance's last chunk is shorter; its padding is ignored by
+    with its frame targets (recipe/lib/targets.py). An utterance's last chunk is shorter; its padding is ignored by
     the loss. Only the rows of a batch's chunks are read, so a learner reads what it trains on and no more."""
 
     def __init__(self, reader: FeatureReader, targets: "FrameTargets", chunk: int,
@@ -216,6 +216,10 @@ class BucketBatchSampler:
         order = np.argsort(keys, kind="stable")
         batches = [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         return [batches[j] for j in rng.permutation(len(batches))][: self.steps * self.world_size]
+
+    def learner_shuffle(self, rank: int) -> "BucketBatchSampler":
+        """All the batches, in a shuffle of learner `rank`'s own (ADPSGD's independent sampling)."""
+        return BucketBatchSampler(self.lengths, self.batch_size, seed=self.seed * 100_003 + rank + 1)
 
     def rank_batches(self, epoch: int) -> list[np.ndarray]:
         return self.epoch_batches(epoch)[self.rank:: self.world_size]

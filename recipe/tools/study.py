@@ -1,6 +1,6 @@
 """The paper's experiments in one command: strategies, batch size, stragglers -> tables and plots.
 
-    python -m recipe.study [key=value ...]        e.g.  utterances=3000 epochs=6 learners=8 nodes=4
+    python -m recipe.tools.study [key=value ...]        e.g.  utterances=3000 epochs=6 learners=8 nodes=4
 
 With one seed and the same data (a subset of the built-in synthesized corpus, prepared once), on `learners`
 processes of this machine:
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from recipe.bench import prepare_subset, run_arm
+from recipe.tools.bench import prepare_subset, run_arm
 
 
 @dataclass
@@ -100,7 +100,7 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
 
     model_bytes = 4 * results[0]["metrics"]["params"]
     lines = [f"# Study: {conf.learners} learners, {conf.utterances} utterances, {conf.epochs} epochs",
-             "", f"Written by `python -m recipe.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
+             "", f"Written by `python -m recipe.tools.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
              f"`{json.dumps(OmegaConf.to_container(OmegaConf.structured(conf)))}`.", ""]
 
     def table(title: str, part: str, first: str, first_value) -> list[dict]:
@@ -166,10 +166,10 @@ def main(argv=None) -> int:
     try:
         conf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(StudyConf), OmegaConf.from_dotlist(argv)))
     except OmegaConfBaseException as err:
-        print(f"recipe.study: {err}".splitlines()[0], file=sys.stderr)
+        print(f"recipe.tools.study: {err}".splitlines()[0], file=sys.stderr)
         return 2
     if conf.learners % conf.nodes or conf.learners < 2:
-        print(f"recipe.study: learners={conf.learners} must be at least 2 and split into nodes={conf.nodes}",
+        print(f"recipe.tools.study: learners={conf.learners} must be at least 2 and split into nodes={conf.nodes}",
               file=sys.stderr)
         return 2
     print(f"study report: {run_study(conf)}")

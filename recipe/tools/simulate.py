@@ -31,9 +31,9 @@ measured with as many learners on the host as modelled, so the sharing of cores 
 Everything here is a model: what it leaves out is listed in BENCHMARKS.md next to its calibration on this
 machine and its check against the paper.
 
-    python -m recipe.simulate paper                  # the paper's runs, with every assumed figure printed
-    python -m recipe.simulate project [--out DIR]    # 8..512 learners per strategy, P100/V100/H200 figures
-    python -m recipe.simulate calibrate [--work DIR] # measure here, predict 1, 2, 4 learners, compare
+    python -m recipe.tools.simulate paper                  # the paper's runs, with every assumed figure printed
+    python -m recipe.tools.simulate project [--out DIR]    # 8..512 learners per strategy, P100/V100/H200 figures
+    python -m recipe.tools.calibrate [--work DIR]         # measure here, predict 1, 2, 4 learners, compare
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def estimate(strategy: str, cluster: Cluster, work: Workload, samples: int = 400
 
 PAPER_MODEL = dict(params=43_000_000, frames_per_step=128 * 21, frames_per_epoch=2000 * 3600 * 100, epochs=16)
 PAPER_ASSUMPTIONS = [
-    ("model", "43M parameters, fp32 on the wire (172 MB)", "DESIGN.md section 1 (the paper's LSTM)"),
+    ("model", "43M parameters, fp32 on the wire (172 MB)", "DESIGN.md §1 (the paper's LSTM)"),
     ("data", "2000 h x 100 frames/s = 720M frames per epoch", "issue 6; SWB2000 at 10 ms frames"),
     ("epochs", "16", "ASSUMED (not in the abstract; the schedule anneals after about epoch 10)"),
     ("batch", "128 chunks of 21 frames per learner per step (2,688 frames)", "ASSUMED; 21-frame chunks: paper"),
@@ -248,7 +248,7 @@ def projection(gpu: str, sizes=(8, 16, 32, 64, 128, 256, 512)) -> dict[str, list
 
 
 def print_paper() -> None:
-    print("Assumed figures (every one of them; change them in recipe/simulate.py):")
+    print("Assumed figures (every one of them; change them in recipe/tools/simulate.py):")
     for what, value, source in PAPER_ASSUMPTIONS:
         print(f"  {what:>18}: {value}  [{source}]")
     print(f"\n{'run':<52} {'model (h)':>10} {'reported (h)':>13} {'model/reported':>15}")
@@ -297,18 +297,11 @@ def main(argv=None) -> int:
     sub.add_parser("paper", help="the paper's runs: the model against the reported hours")
     proj = sub.add_parser("project", help="8 to 512 learners per strategy, V100 and H200")
     proj.add_argument("--out", default=None, help="folder for projection.png")
-    cal = sub.add_parser("calibrate", help="measure this machine, predict 1, 2, 4 learners, compare")
-    cal.add_argument("--work", default="exp/bench")
-    cal.add_argument("--utterances", type=int, default=600)
     a = p.parse_args(argv)
     if a.command == "paper":
         print_paper()
-    elif a.command == "project":
-        print_projection(Path(a.out) if a.out else None)
     else:
-        from recipe.calibrate import calibrate
-
-        calibrate(Path(a.work).resolve(), a.utterances)
+        print_projection(Path(a.out) if a.out else None)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Benchmarks, each printing ratios measured side by side in one run (this machine is shared and noisy).
 
-    python -m recipe.bench sync   [--exp exp/sync] [--learners 2] [--steps 60] [--rounds 3]
-    python -m recipe.bench adpsgd [--work exp/bench] [--learners 2] [--utterances 1000] [--rounds 2]
-    python -m recipe.bench strategies [--work exp/bench] [--nodes 2] [--per-node 2] [--epochs 2]
+    python -m recipe.tools.bench sync   [--exp exp/sync] [--learners 2] [--steps 60] [--rounds 3]
+    python -m recipe.tools.bench adpsgd [--work exp/bench] [--learners 2] [--utterances 1000] [--rounds 2]
+    python -m recipe.tools.bench strategies [--work exp/bench] [--nodes 2] [--per-node 2] [--epochs 2]
 
 sync: the recipe's SYNC training path (DeepSpeed engine, train_step of recipe/train.py) against a plain
 hand-written PyTorch DistributedDataParallel loop: same model, same batches, same learners and threads per
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from recipe.local_learners import run_learners, train_learner
+from recipe.tools.local_learners import run_learners, train_learner
 
 WARMUP_STEPS = 5
 
@@ -43,11 +43,10 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     import torch.distributed as dist
 
     from comm import ProcessLayout, build_strategy, init_distributed
-    from model.lstm import ctc_loss
-    from recipe.dataset import BucketBatchSampler
-    from recipe.ds_config import load_ds_config
-    from recipe.experiment import Experiment
-    from recipe.train import build_engine, make_optimizer, threads_per_learner, train_step
+    from recipe.lib.dataset import BucketBatchSampler
+    from recipe.lib.ds_config import load_ds_config
+    from recipe.lib.experiment import Experiment
+    from recipe.lib.engine import batch_loss, experiment_engine, make_optimizer, threads_per_learner, train_step
 
     exp = Experiment(args["exp"])
     conf = exp.conf
@@ -61,7 +60,7 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     if arm == "recipe":
         init_distributed()
         strategy = build_strategy(comm_conf, ProcessLayout.from_env())
-        engine = build_engine(exp, conf, engine_conf, strategy, data.dim, micro * world)
+        engine = experiment_engine(exp, engine_conf, strategy, data.dim, micro * world)
 
         def step(b):
             train_step(engine, strategy, b)
@@ -74,7 +73,7 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
 
         def step(b):
             logits, out_lengths = model(b["feats"], b["lengths"])
-            loss = ctc_loss(logits, out_lengths, b["targets"], b["target_lengths"])
+            loss = batch_loss(logits, out_lengths, b)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip:
@@ -97,9 +96,9 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
 
 
 def feature_rtf(exp_dir: str, workers: int) -> float:
-    from recipe.data import load_data_dir
-    from recipe.experiment import Experiment
-    from recipe.features import extract_features
+    from recipe.lib.datadir import load_data_dir
+    from recipe.lib.experiment import Experiment
+    from recipe.lib.features import extract_features
 
     exp = Experiment(exp_dir)
     utts, _ = load_data_dir(exp.data_dir("test"))

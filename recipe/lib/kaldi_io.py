@@ -30,7 +30,7 @@ import kaldiio.matio
 import numpy as np
 import soundfile
 
-from recipe.data import DataError, read_table
+from recipe.lib.tables import DataError, read_table
 
 INT32_MAX = np.iinfo(np.int32).max
 

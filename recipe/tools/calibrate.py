@@ -1,4 +1,4 @@
-"""The scaling model (recipe/simulate.py) calibrated on this machine: measure its inputs here, predict the
+"""The scaling model (recipe/tools/simulate.py) calibrated on this machine: measure its inputs here, predict the
 multi-learner runs, run them, compare.
 
 Inputs, measured:
@@ -21,11 +21,12 @@ one compute rate for all W (the full machine's, scaled by cores / W) left 4 lear
 overlapping the gossip exchange with the compute (true on a GPU, whose gossip thread has a core to itself)
 left ADPSGD 19% too fast on 2 learners.
 
-    python -m recipe.simulate calibrate [--work exp/bench] [--utterances 600]
+    python -m recipe.tools.calibrate [--work exp/bench] [--utterances 600]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
@@ -33,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipe.bench import prepare_subset, run_arm
-from recipe.dataset import BucketBatchSampler
-from recipe.local_learners import run_learners
-from recipe.simulate import Cluster, Link, Workload, estimate
+from recipe.tools.bench import prepare_subset, run_arm
+from recipe.lib.dataset import BucketBatchSampler
+from recipe.tools.local_learners import run_learners
+from recipe.tools.simulate import Cluster, Link, Workload, estimate
 
 REPEATS = 20
 SIZES = (2, 4)  # learner counts predicted
@@ -72,8 +73,8 @@ def merge_seconds(params: list[torch.Tensor]) -> float:
 
 
 def calibrate(work: Path, utterances: int) -> None:
-    from recipe.config import load_config
-    from recipe.experiment import Experiment
+    from recipe.lib.config import load_config
+    from recipe.lib.experiment import Experiment
 
     base, subset = prepare_subset(work, utterances, epochs=1)
     exp = Experiment(str(base), load_config(None, subset))
@@ -126,3 +127,16 @@ def calibrate(work: Path, utterances: int) -> None:
         errors.append(predicted / got - 1)
         print(f"{strategy:>8} {learners:>9} {predicted:19.0f} {got:9.0f} {predicted / got:19.3f}")
     print(f"largest disagreement: {100 * max(map(abs, errors)):.0f}% (target: within 20%)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="exp/bench", help="folder for the benchmark corpus and runs")
+    p.add_argument("--utterances", type=int, default=600, help="synthesized training utterances")
+    a = p.parse_args(argv)
+    calibrate(Path(a.work).resolve(), a.utterances)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

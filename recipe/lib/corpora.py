@@ -24,7 +24,8 @@ from typing import Callable
 
 import soundfile
 
-from recipe.data import DataError, Utterance, write_data_dir
+from recipe.lib.datadir import Utterance, write_data_dir
+from recipe.lib.tables import DataError
 
 log = logging.getLogger(__name__)
 

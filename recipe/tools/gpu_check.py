@@ -1,6 +1,6 @@
 """One short, prepared check for a lent GPU: the CUDA/NCCL path and the paper-sized model's throughput.
 
-    python -m recipe.gpu_check [--size paper] [--steps 300] [--out gpu_check.json]
+    python -m recipe.tools.gpu_check [--size paper] [--steps 300] [--out gpu_check.json]
 
 In one call, as a world of one learner (NCCL on CUDA; gloo where there is no GPU):
   1. SYNC: the paper-sized model (recipe/conf/paper.yaml: 6 x 512 BLSTM, 256 bottleneck, 32,000 outputs)
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SIZES = {  # model settings: the paper's, and a tiny one for the CPU test
     "paper": {"input_dim": 260, "output_dim": 32000, "layers": 6, "hidden": 512, "bottleneck": 256},
     "tiny": {"input_dim": 260, "output_dim": 500, "layers": 1, "hidden": 32, "bottleneck": 16},
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
-        from recipe.local_learners import free_port
+        from recipe.tools.local_learners import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
 
@@ -96,7 +96,8 @@ def main(argv=None) -> int:
 
     from comm import ProcessLayout, build_strategy, init_distributed
     from model.lstm import LSTMAcousticModel, count_parameters
-    from recipe.ds_config import load_ds_config
+    from recipe.lib.ds_config import load_ds_config
+    from recipe.lib.engine import build_engine
 
     init_distributed()
     engine_conf, comm_conf = load_ds_config(a.ds_config)
@@ -105,8 +106,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = LSTMAcousticModel(**dims)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
-    strategy.attach(engine)
+    engine = build_engine(model, optimizer, engine_conf, strategy)
     result = {"date": time.strftime("%Y-%m-%d"), "device": str(engine.device),
               "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "backend": dist.get_backend(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,

@@ -21,13 +21,12 @@ from typing import Optional
 
 import soundfile
 
+from recipe.lib.kaldi_io import pipe_command, read_pipe_audio
+from recipe.lib.tables import DataError, absolute_rxfilename, read_table
+
 log = logging.getLogger(__name__)
 
 BLANK = "<blank>"
-
-
-class DataError(ValueError):
-    """Input data that cannot be used; the message names the file, line and utterance."""
 
 
 @dataclass(frozen=True)
@@ -38,32 +37,8 @@ class Utterance:
     text: str
     start: float = 0.0  # seconds into the audio file (segments)
     end: Optional[float] = None  # None: to the end of the file
-    speed: float = 1.0  # speed perturbation factor applied when the audio is loaded (recipe/augment.py)
+    speed: float = 1.0  # speed perturbation factor applied when the audio is loaded (recipe/lib/augment.py)
     feats: Optional[str] = None  # Kaldi features (feats.scp's `ark:offset`): used instead of the audio
-
-
-def absolute_rxfilename(entry: str) -> tuple[Path, str]:
-    """A Kaldi rxfilename, `archive.ark:offset` or a plain file, relative to the working directory -> (absolute
-    archive path, ':offset' or ''), so that a scp entry still points at its archive from the experiment folder."""
-    path, colon, offset = entry.rpartition(":")
-    return Path(path if colon else entry).resolve(), colon + offset
-
-
-def read_table(path: Path) -> dict[str, tuple[str, int]]:
-    """``key rest-of-line`` per line -> {key: (rest, line number)}; duplicate keys are errors."""
-    table: dict[str, tuple[str, int]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        key, _, rest = line.strip().partition(" ")
-        if key in table:
-            raise DataError(f"{path}:{lineno}: duplicate id {key!r} (first on line {table[key][1]})")
-        table[key] = (rest.strip(), lineno)
-    return table
 
 
 def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
@@ -172,7 +147,7 @@ def _load_feats_dir(d: Path) -> tuple[list[Utterance], Counter]:
 
 def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
     if entry.endswith("|"):
-        return entry  # run when its audio is needed (recipe/kaldi_io.py)
+        return entry  # run when its audio is needed (recipe/lib/kaldi_io.py)
     if not entry:
         raise DataError(f"{scp}:{lineno}: {rec}: no audio path")
     path = Path(entry)
@@ -184,8 +159,6 @@ def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
 
 
 def _duration(scp: Path, lineno: int, rec: str, path: str) -> float:
-    from recipe.kaldi_io import pipe_command, read_pipe_audio  # kaldi_io builds on this module
-
     command = pipe_command(path)
     if command is not None:  # a failing command stops the run here, before any feature is extracted
         samples, rate = read_pipe_audio(command, f"{scp}:{lineno}: {rec}")

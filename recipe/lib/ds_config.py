@@ -3,7 +3,7 @@
 Swapping this file is how a user runs an ablation (ds_configs/, ds_configs/tuning/). The optimizer and
 learning-rate schedule are the YAML's (section optim), so a JSON that also sets them is rejected rather than
 letting two files disagree; train_batch_size likewise follows from the micro batch, the accumulation steps
-and the strategy's data-parallel group (DESIGN.md trap 3), so it is not written by hand.
+and the strategy's data-parallel group (DESIGN.md §9.3), so it is not written by hand.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recipe.config import ConfigError
+from recipe.lib.config import ConfigError
 
 OWNED_BY_YAML = {"optimizer": "optim", "scheduler": "optim", "train_batch_size": "(derived)"}
 

@@ -4,7 +4,7 @@
     EXP/ds_config.json       the DeepSpeed JSON used for training;  EXP/launch.txt  the launch command
     EXP/data/{train,test}/   clean Kaldi data dirs;  EXP/data/tokens.txt;  EXP/data/prep.json (what was skipped)
     EXP/features.json        where the feature caches of train and test are
-    EXP/targets/{train,test}/  frame targets of the CE objective (recipe/targets.py)
+    EXP/targets/{train,test}/  frame targets of the CE objective (recipe/lib/targets.py)
     EXP/vectors/{train,test}.npz  speaker vectors by utterance, when the data has them
     EXP/checkpoints/         epoch-NNN.pt (atomic, pruned);  EXP/train_log.jsonl;  EXP/metrics.json
 """
@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from model.lstm import LSTMAcousticModel
-from recipe.augment import SpecAugment, source_utt
-from recipe.config import ConfigError, load_config
-from recipe.data import read_table, read_tokens
-from recipe.dataset import ChunkDataset, CTCDataset, FeatureReader
-from recipe.features import FeatureCache, cmvn_stats
-from recipe.targets import FrameTargets
+from recipe.lib.augment import SpecAugment, source_utt
+from recipe.lib.config import ConfigError, load_config
+from recipe.lib.datadir import read_tokens
+from recipe.lib.tables import read_table
+from recipe.lib.dataset import ChunkDataset, CTCDataset, FeatureReader
+from recipe.lib.features import FeatureCache, cmvn_stats
+from recipe.lib.targets import FrameTargets
 
 
 class Experiment:

@@ -1,4 +1,4 @@
-"""CTC prefix beam search, optionally fused with a word n-gram language model (recipe/ngram.py).
+"""CTC prefix beam search, optionally fused with a word n-gram language model (recipe/lib/ngram.py).
 
 Greedy (best-path) decoding takes the single most probable frame sequence; a labelling is the sum over all
 the frame sequences that collapse to it, so several mediocre paths can outweigh the best one. The prefix
@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from recipe.ngram import EOS, UNK, NgramLM
+from recipe.lib.ngram import EOS, UNK, NgramLM
 
 NEG = -np.inf
 

@@ -32,7 +32,7 @@ import soundfile as sf
 import soxr
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from recipe.progress import progress_bar
+from recipe.lib.progress import progress_bar
 
 DIGITS = ["zero", "oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")

@@ -1,14 +1,14 @@
 """Benchmark: training on a corpus whose features are larger than the memory the learner may use (issue 3).
 
-    python -m recipe.scale_bench [--sizes-gb 0.5 1 2 4] [--limit-gb 2] [--work /tmp/scale] [--keep]
+    python -m recipe.tools.scale_bench [--sizes-gb 0.5 1 2 4] [--limit-gb 2] [--work /tmp/scale] [--keep]
 
-For every size a synthetic corpus is written straight into a feature cache (recipe/features.py: 260-dim float32
-rows, the paper's input, in shards of 1 GiB) with random frame targets of 200 classes (recipe/targets.py), and a
+For every size a synthetic corpus is written straight into a feature cache (recipe/lib/features.py: 260-dim float32
+rows, the paper's input, in shards of 1 GiB) with random frame targets of 200 classes (recipe/lib/targets.py), and a
 tiny model (1 unidirectional LSTM layer of 64) is trained on it for one epoch of the CE objective (21-frame chunks)
 in a child process whose data segment is capped with RLIMIT_DATA at --limit-gb. On Linux RLIMIT_DATA counts the
 heap and private writable mappings, not file pages: a reader that loaded the features into memory fails with
 MemoryError, while one that reads rows with pread() (FeatureCache) or maps the files is not stopped by it. The
-learner (a further process started by recipe/local_learners.py) reports its own peak resident set (VmHWM).
+learner (a further process started by recipe/tools/local_learners.py) reports its own peak resident set (VmHWM).
 
 RSS does not include the page cache: the rows the learner reads stay in the kernel's cache, shared by every
 process and given back under pressure, and are not counted here. What RSS does count is a mapping's touched
@@ -73,7 +73,7 @@ def utterance_lengths(size_bytes: float, dim: int = DIM, seed: int = 0) -> np.nd
 
 def write_corpus(out: Path, name: str, lengths: np.ndarray, seed: int) -> Path:
     """A feature cache of random rows with these utterance lengths -> its folder (kept if already complete)."""
-    from recipe.features import write_cache
+    from recipe.lib.features import write_cache
 
     rng = np.random.default_rng(seed)
     blocks = [rng.standard_normal((BLOCK_FRAMES + MAX_FRAMES, DIM), dtype=np.float32) for _ in range(BLOCKS)]
@@ -97,8 +97,8 @@ def random_targets(cache, seed: int):
 
 def build_experiment(folder: Path, size_bytes: float, seed: int = 0) -> tuple[Path, dict]:
     """An experiment folder for CE training on a synthetic corpus of about size_bytes -> (folder, corpus sizes)."""
-    from recipe.features import FeatureCache
-    from recipe.targets import write_targets
+    from recipe.lib.features import FeatureCache
+    from recipe.lib.targets import write_targets
 
     t0 = time.perf_counter()
     caches = {}
@@ -136,13 +136,13 @@ def memory_kb() -> dict:
 
 def scale_learner(rank: int, world: int, argv: list[str]) -> dict:
     """recipe/train.py in the learner process run_learners starts -> its metrics and its own memory."""
-    from recipe.local_learners import train_learner
+    from recipe.tools.local_learners import train_learner
 
     return {**train_learner(rank, world, argv), "memory_kb": memory_kb()}
 
 
 def child_train(exp: str, limit_bytes: int) -> dict:
-    from recipe.local_learners import run_learners  # imports torch: after the limit was set
+    from recipe.tools.local_learners import run_learners  # imports torch: after the limit was set
 
     t0 = time.perf_counter()
     argv = ["--exp", exp, "--ds-config", str(Path(exp) / "ds_config.json"), *MODEL]
@@ -158,7 +158,7 @@ def child_read(cache_folder: str, how: str, limit_bytes: int) -> dict:
     memmap: np.memmap of every shard, summed 64 MiB at a time (the old reader's access pattern);
     pread: FeatureCache.read of every utterance (the recipe's reader); load: np.fromfile of every shard kept
     in a list (a reader that holds the corpus in memory), which RLIMIT_DATA stops."""
-    from recipe.features import FeatureCache
+    from recipe.lib.features import FeatureCache
 
     cache = FeatureCache(cache_folder)
     touched, error, total = 0, None, 0.0
@@ -187,7 +187,7 @@ def child_read(cache_folder: str, how: str, limit_bytes: int) -> dict:
 
 
 def child_main(argv: list[str]) -> None:
-    """`python -m recipe.scale_bench --child WHAT ARG LIMIT_BYTES RESULT_JSON`: set the limit, then work."""
+    """`python -m recipe.tools.scale_bench --child WHAT ARG LIMIT_BYTES RESULT_JSON`: set the limit, then work."""
     what, arg, limit, result = argv[0], argv[1], int(argv[2]), Path(argv[3])
     # RLIMIT_DATA: heap and private anonymous memory, before torch (or anything large) is imported
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
@@ -199,8 +199,8 @@ def run_child(what: str, arg: str | Path, limit_bytes: int, log: Path) -> dict:
     """One limited child (its output to `log`) -> its result; an error names the log."""
     result = log.with_suffix(".json")
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "recipe.scale_bench", "--child", what, str(arg), str(limit_bytes), str(result)]
-    repo = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "recipe.tools.scale_bench", "--child", what, str(arg), str(limit_bytes), str(result)]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with open(log, "w") as f:
         code = subprocess.run(cmd, cwd=repo, stdout=f, stderr=subprocess.STDOUT, env=env).returncode

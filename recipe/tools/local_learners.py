@@ -54,6 +54,6 @@ def run_learners(fn, world: int, *args, timeout: float | None = 600.0, allow_fai
 
 def train_learner(rank: int, world: int, argv: list[str]) -> dict:
     """recipe/train.py with these arguments, in a learner started by run_learners -> its metrics."""
-    from recipe.train import parse_args, train
+    from recipe.train import Trainer, parse_args
 
-    return train(parse_args(argv))
+    return Trainer(parse_args(argv)).train()

@@ -1,7 +1,7 @@
 """The recipe's YAML configuration: a typed schema, a file, and command-line overrides, in that order.
 
 Everything about data, features, model and schedule lives here; everything the engine and the distributed
-strategy do lives in the DeepSpeed JSON (see ``recipe/ds_config.py``). No setting lives in both places.
+strategy do lives in the DeepSpeed JSON (see ``recipe/lib/ds_config.py``). No setting lives in both places.
 Unknown keys are errors (omegaconf struct mode), so a typo in an override never silently does nothing.
 """
 
@@ -16,7 +16,7 @@ import yaml  # omegaconf's YAML parser (PyYAML): its errors name the line
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from recipe.corpora import PREPARERS
+from recipe.lib.corpora import PREPARERS
 
 
 class ConfigError(ValueError):
@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 @dataclass
 class DataConf:
     # synth: the built-in espeak-ng corpus; kaldi: train_dir/test_dir given by the user; a public corpus by
-    # name (recipe/corpora.py: fsdd, librispeech, an4) prepared from its local folder corpus_dir
+    # name (recipe/lib/corpora.py: fsdd, librispeech, an4) prepared from its local folder corpus_dir
     corpus: str = "synth"
     train_dir: Optional[str] = None  # Kaldi data dirs (wav.scp, text, optional utt2spk, segments)
     test_dir: Optional[str] = None
@@ -35,7 +35,8 @@ class DataConf:
     train_sets: List[str] = field(default_factory=list)  # librispeech: subsets for training (train-clean-100)
     test_sets: List[str] = field(default_factory=list)  # ... and for the held-out set (test-clean)
     # frame targets for the CE objective (train.objective=ce): Kaldi alignments (`ali-to-pdf` text, or .scp/.ark);
-    # unset: the data dir's ali.txt (the built-in corpus writes its own from espeak-ng's phoneme timings)
+    # unset: the data dir's phones.ctm with its phones.txt (the built-in corpus writes them from espeak-ng's
+    # phoneme timings)
     train_ali: Optional[str] = None
     test_ali: Optional[str] = None
     ali_tolerance: int = 2  # frames an alignment may differ from its features (cut or last target repeated)
@@ -65,7 +66,7 @@ class FeatureConf:
 
 @dataclass
 class AugmentConf:
-    """recipe/augment.py. SpecAugment masks training batches; speed perturbation extracts the training set
+    """recipe/lib/augment.py. SpecAugment masks training batches; speed perturbation extracts the training set
     again at each factor (1.0: the originals)."""
     speed_perturb: List[float] = field(default_factory=lambda: [1.0])  # [0.9, 1.0, 1.1]: 3x the training time
     freq_masks: int = 0  # per utterance (off: it cost the built-in corpus accuracy; ACCURACY.md)
@@ -88,7 +89,7 @@ class ModelConf:
     # frames stacked into one LSTM step (CTC frame-rate reduction); 1 = 10 ms steps. Not 4: a short "three"
     # needs 6 output steps, too many for 4 stacked frames of a 0.2 s take (ACCURACY.md)
     stack: int = 2
-    packed: bool = False  # pack_padded_sequence: fast with cuDNN, slow on CPU (DESIGN.md trap 13)
+    packed: bool = False  # pack_padded_sequence: fast with cuDNN, slow on CPU (DESIGN.md §9.13)
 
 
 @dataclass
@@ -121,7 +122,7 @@ class TrainConf:
 class DecodeConf:
     """The decode stage (recipe/evaluate.py); the per-epoch held-out scores during training stay greedy."""
     average_last: int = 3  # average the weights of the last N epoch checkpoints (1: the last alone)
-    beam: int = 8  # CTC prefix beam search of this width (recipe/decode.py); 0 = greedy
+    beam: int = 8  # CTC prefix beam search of this width (recipe/lib/decode.py); 0 = greedy
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)

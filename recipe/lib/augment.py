@@ -18,7 +18,7 @@ import re
 import numpy as np
 from omegaconf import DictConfig
 
-from recipe.data import Utterance
+from recipe.lib.datadir import Utterance
 
 SPEED_PREFIX = re.compile(r"^sp(?P<factor>[0-9.]+)-")
 

@@ -1,4 +1,4 @@
-"""Word n-gram language model for shallow fusion in CTC beam search (recipe/decode.py).
+"""Word n-gram language model for shallow fusion in CTC beam search (recipe/lib/decode.py).
 
 Estimated from the training transcripts with interpolated Kneser-Ney smoothing (one absolute discount per
 order, Ney's estimate D = n1 / (n1 + 2 n2) from the count-of-counts; 0.5 where the corpus is too small to

@@ -1,7 +1,7 @@
 """Frame targets for the paper's cross-entropy objective: alignments checked against the features, stored beside
 them, and the class priors a hybrid decoder divides by.
 
-Targets come from Kaldi alignments (pdf ids per frame, `ali-to-pdf` output: recipe/kaldi_io.py) or from a phone
+Targets come from Kaldi alignments (pdf ids per frame, `ali-to-pdf` output: recipe/lib/kaldi_io.py) or from a phone
 CTM (`utt channel start duration phone`, as the built-in corpus writes from espeak-ng's phoneme events, or as
 Kaldi's `ali-to-phones --ctm-output` writes). Stage 2 checks every utterance before training: an alignment
 missing, longer or shorter than its features by more than `data.ali_tolerance` frames, or holding an id beyond
@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from recipe.data import DataError, read_table
-from recipe.features import FeatureCache
+from recipe.lib.tables import DataError, read_table
+from recipe.lib.features import FeatureCache
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,117 @@
+"""The engine a learner trains: the model and its optimizer in DeepSpeed, the strategy attached, and one
+training step. Used by the training stage (recipe/train.py), the benchmarks and the GPU check alike.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from model.lstm import ctc_loss, frame_ce_loss
+from recipe.lib.schedule import learning_rate
+
+
+def threads_per_learner(requested: int, local_size: int) -> int:
+    """Cores / learners on this node (DESIGN.md §9.1: oversubscribed threads ran 8x slower)."""
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_size)
+
+
+class SkippableStep:
+    """Mixed into the recipe's optimizers: skip_next_step() makes the next step() leave the weights and the
+    optimizer's state as they are, while DeepSpeed's step() around it still clips, zeroes the gradients and
+    keeps its counters."""
+
+    _skip = False
+
+    def skip_next_step(self) -> None:
+        self._skip = True
+
+    def step(self, closure=None):
+        if self._skip:
+            self._skip = False
+            return None
+        return super().step(closure)
+
+
+class SGD(SkippableStep, torch.optim.SGD):
+    pass
+
+
+class Adam(SkippableStep, torch.optim.Adam):
+    pass
+
+
+class AdamW(SkippableStep, torch.optim.AdamW):
+    pass
+
+
+def make_optimizer(optim, params, lr: float) -> torch.optim.Optimizer:
+    if optim.name == "sgd":
+        return SGD(params, lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    cls = Adam if optim.name == "adam" else AdamW
+    return cls(params, lr=lr, weight_decay=optim.weight_decay)
+
+
+def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, engine_conf: dict, strategy):
+    """-> the DeepSpeed engine, its data-parallel group the strategy's, the strategy attached to it (learners
+    in step). The same initial weights on every learner are the caller's seed; attach() makes sure of them."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
+    strategy.attach(engine)
+    return engine
+
+
+def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_batch: int):
+    """The engine of an experiment's model and optimizer (EXP's config), the same initial weights everywhere."""
+    conf = exp.conf
+    torch.manual_seed(conf.train.seed)
+    model = exp.build_model(input_dim)
+    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0))
+    return build_engine(model, optimizer, engine_conf, strategy)
+
+
+def batch_loss(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The training loss of a batch: frame cross entropy if it has frame targets (CE), else CTC."""
+    device = logits.device
+    if "frame_targets" in batch:
+        return frame_ce_loss(logits, batch["frame_targets"].to(device))
+    return ctc_loss(logits, out_lengths, batch["targets"].to(device), batch["target_lengths"].to(device))
+
+
+def gradients_finite(model: torch.nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
+
+
+def train_step(engine, strategy, batch: dict) -> tuple[float, bool | None]:
+    """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), then
+    the optimizer step or its skip, and the strategy's hook.
+    -> (loss, applied): applied is None between gradient accumulation boundaries, else whether the optimizer
+    step changed the weights."""
+    dtype = next(engine.module.parameters()).dtype
+    logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
+    loss = batch_loss(logits, out_lengths, batch)
+    engine.backward(loss)
+    boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
+    skipped_before = engine.skipped_steps
+    skip = boundary and not finite_update(engine)
+    if skip:  # DeepSpeed's step() still runs (clipping, zero_grad, counters); the update does not
+        engine.optimizer.skip_next_step()
+    with strategy.step_lock():
+        engine.step()
+    if not boundary:
+        return loss.item(), None
+    strategy.after_step(engine)
+    return loss.item(), not (skip or engine.skipped_steps > skipped_before)
+
+
+def finite_update(engine) -> bool:
+    """Whether the step may apply these gradients. In bf16 and fp16 DeepSpeed's optimizer decides (and skips)
+    by itself; in fp32 they are checked here, after DeepSpeed's reduction, so every learner of a data-parallel
+    group decides alike and replicas stay equal."""
+    return engine.fp16_enabled() or engine.bfloat16_enabled() or gradients_finite(engine.module)
