@@ -9,7 +9,7 @@
 #   0 set up the virtual environment (.venv: torch==2.13.0, then requirements.txt)
 #   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir; write EXP/data
 #   2 features         log-mel + deltas, in parallel, cached by feature config
-#   3 train            the deepspeed launcher starts the learners (recipe/train.py)
+#   3 train            the deepspeed launcher starts the learners (python -m recipe.train)
 #   4 evaluate         decode the held-out set with the final model: EXP/decode
 #   5 report           table on the terminal, EXP/report.png
 set -euo pipefail
@@ -124,7 +124,7 @@ setup() {
 train() {
   local launch=("$venv/bin/deepspeed" --master_port "$master_port")
   if [ -n "$hostfile" ]; then launch+=(--hostfile "$hostfile"); else launch+=(--num_gpus "$learners"); fi
-  local args=(recipe/train.py --exp "$exp" --ds-config "$ds_config" --nodes "$nodes" "${conf_args[@]}")
+  local args=(--module recipe.train --exp "$exp" --ds-config "$ds_config" --nodes "$nodes" "${conf_args[@]}")
   if [ "$resume" = true ]; then args+=(--resume); fi
   "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
 }

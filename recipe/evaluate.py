@@ -29,13 +29,12 @@ from omegaconf import OmegaConf
 
 from model.lstm import ctc_loss, frame_ce_loss
 from recipe.lib.config import load_config
-from recipe.lib.tables import read_table
 from recipe.lib.dataset import BucketBatchSampler, ChunkDataset, CTCDataset
 from recipe.lib.decode import beam_decode
 from recipe.lib.kaldi_io import write_matrices
 from recipe.lib.ngram import NgramLM
+from recipe.lib.tables import read_table
 from recipe.lib.targets import log_priors
-
 
 
 def greedy_decode(logits: torch.Tensor, lengths: torch.Tensor, tokens: list[str]) -> list[str]:

@@ -26,9 +26,9 @@ from recipe.lib.augment import source_utt, speed_perturbed
 from recipe.lib.config import ConfigError, load_config
 from recipe.lib.corpora import prepare_corpus
 from recipe.lib.datadir import build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
-from recipe.lib.tables import DataError, absolute_rxfilename, read_table
 from recipe.lib.features import FeatureCache, extract_features, import_kaldi_features
 from recipe.lib.kaldi_io import iter_alignments, read_vectors
+from recipe.lib.tables import DataError, absolute_rxfilename, read_table
 from recipe.lib.targets import ctm_alignments, read_phone_table, write_targets
 
 log = logging.getLogger("recipe.prepare")

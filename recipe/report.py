@@ -45,31 +45,8 @@ def plot(history: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--exp", required=True)
-    exp = Path(p.parse_args(argv).exp)
-    console = Console()
-    if not (exp / "metrics.json").is_file():
-        console.print(f"[red]{exp}/metrics.json not found: run the training stage first[/red]")
-        return 2
-    m = json.loads((exp / "metrics.json").read_text())
-    history = read_log(exp)
-
-    scores = (("frame_acc", "frame acc"),) if "frame_acc" in m else (("cer", "CER"), ("wer", "WER"))
-    table = Table(title=f"{exp}: {m['strategy'].upper()}, {m['learners']} learners, {m['nodes']} node(s)")
-    for col in ("epoch", "train loss", "held-out loss", *(f"{name} %" for _, name in scores), "frames/s",
-                "wall (min)"):
-        table.add_column(col, justify="right")
-    for h in history:
-        table.add_row(str(h["epoch"]), f"{h['train_loss']:.3f}", f"{h['heldout_loss']:.3f}",
-                      *(f"{100 * h[key]:.2f}" for key, _ in scores), f"{h['train_frames_per_s']:.0f}",
-                      f"{h['wall_s'] / 60:.1f}")
-    console.print(table)
-
-    summary = Table(title="final", show_header=False)
-    summary.add_column(justify="left")
-    summary.add_column(justify="right")
+def summary_rows(exp: Path, m: dict, history: list[dict], scores) -> list[tuple[str, object]]:
+    """The final table: the run, its held-out scores, the decode stage's, and what data was used."""
     rows = [("strategy", m["strategy"]), ("learners x nodes", f"{m['learners']} on {m['nodes']}"),
             ("global batch (utterances)", m["global_batch"]), ("precision", m["precision"]),
             ("parameters", f"{m['params']:,}"), ("epochs", m["epochs"]),
@@ -98,7 +75,35 @@ def main(argv=None) -> int:
             if isinstance(info, dict):
                 skipped = sum(info["skipped"].values()) + sum(m["skipped"][split].values())
                 rows.append((f"{split} utterances used / skipped", f"{m[f'{split}_utterances']} / {skipped}"))
-    for key, value in rows:
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--exp", required=True)
+    exp = Path(p.parse_args(argv).exp)
+    console = Console()
+    if not (exp / "metrics.json").is_file():
+        console.print(f"[red]{exp}/metrics.json not found: run the training stage first[/red]")
+        return 2
+    m = json.loads((exp / "metrics.json").read_text())
+    history = read_log(exp)
+
+    scores = (("frame_acc", "frame acc"),) if "frame_acc" in m else (("cer", "CER"), ("wer", "WER"))
+    table = Table(title=f"{exp}: {m['strategy'].upper()}, {m['learners']} learners, {m['nodes']} node(s)")
+    for col in ("epoch", "train loss", "held-out loss", *(f"{name} %" for _, name in scores), "frames/s",
+                "wall (min)"):
+        table.add_column(col, justify="right")
+    for h in history:
+        table.add_row(str(h["epoch"]), f"{h['train_loss']:.3f}", f"{h['heldout_loss']:.3f}",
+                      *(f"{100 * h[key]:.2f}" for key, _ in scores), f"{h['train_frames_per_s']:.0f}",
+                      f"{h['wall_s'] / 60:.1f}")
+    console.print(table)
+
+    summary = Table(title="final", show_header=False)
+    summary.add_column(justify="left")
+    summary.add_column(justify="right")
+    for key, value in summary_rows(exp, m, history, scores):
         summary.add_row(key, str(value))
     console.print(summary)
     if history:

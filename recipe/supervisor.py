@@ -1,8 +1,8 @@
 """A learner's supervisor, so that the deepspeed launcher lets ADPSGD go on without a lost learner.
 
 The launcher stops every learner as soon as one exits non-zero (deepspeed/launcher/launch.py), which would
-undo comm.on_lost_learner = "continue". So recipe/train.py, started by the launcher, runs the learner as a
-child of this small process (it imports no torch) and waits for it. When the learner is killed by a signal
+undo comm.on_lost_learner = "continue". So `python -m recipe.train`, started by the launcher, runs the learner
+as a child of this small process (it imports no torch) and waits for it. When the learner is killed by a signal
 the supervisor did not send (SIGKILL, the OOM killer, a segfault) after the learner declared that its run goes
 on without lost learners (declare_goes_on), the supervisor says so and exits 0: the launcher leaves the
 others alone, and they drop the lost learner (comm/health.py). Every other ending passes through unchanged,
@@ -21,12 +21,17 @@ from pathlib import Path
 CHILD_ENV = "RECIPE_SUPERVISED_NOTE"  # set in the learner: where it declares that the run goes on without it
 
 
-def supervise(argv: list[str]) -> int:
-    """Run `python argv...` as the supervised learner; -> the exit status for the launcher."""
+def launched() -> bool:
+    """Started by the deepspeed launcher (it sets LOCAL_RANK); not by hand, a test, or run.sh's --check."""
+    return "LOCAL_RANK" in os.environ and "--check" not in sys.argv
+
+
+def supervise(command: list[str]) -> int:
+    """Run `command` as the supervised learner; -> the exit status for the launcher."""
     forwarded: list[int] = []
     with tempfile.TemporaryDirectory(prefix="learner-") as tmp:
         note = Path(tmp) / "goes-on"
-        child = subprocess.Popen([sys.executable, *argv], env={**os.environ, CHILD_ENV: str(note)})
+        child = subprocess.Popen(command, env={**os.environ, CHILD_ENV: str(note)})
 
         def forward(signum, _frame):
             forwarded.append(signum)

@@ -2,7 +2,7 @@
 
 Started once per learner by the deepspeed launcher (run.sh builds the command):
 
-    deepspeed --num_gpus N recipe/train.py --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
+    deepspeed --num_gpus N --module recipe.train --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
 
 The distributed strategy is chosen by the JSON's "comm" section and reached only through its interface
 (comm/base.py), so this loop is the same for SYNC, ADPSGD and HYBRID. Every epoch ends with a held-out
@@ -29,11 +29,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script by the deepspeed launcher
-    from recipe.supervisor import is_supervised, supervise
+from recipe.supervisor import is_supervised, launched, supervise
 
-    if __name__ == "__main__" and not is_supervised():  # the learner runs in a child (recipe/supervisor.py)
-        sys.exit(supervise(sys.argv))
+if __name__ == "__main__" and launched() and not is_supervised():  # the learner runs in a child (supervisor.py)
+    sys.exit(supervise([sys.executable, "-m", "recipe.train", *sys.argv[1:]]))
 
 import numpy as np
 import torch
@@ -51,7 +50,7 @@ from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
 from recipe.lib.experiment import Experiment
 from recipe.lib.progress import progress_bar
 from recipe.lib.schedule import learning_rate
-from recipe.supervisor import declare_goes_on
+from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
 SCORE_KEYS = ("cer", "wer", "frame_acc")  # held-out scores of CTC and of CE
@@ -125,7 +124,7 @@ class Trainer:
         init_distributed(self.conf.train.collective_timeout_s)
         self.heartbeat = Heartbeat(self.layout.rank, self.layout.world_size)  # finds lost learners
         self.strategy = build_strategy(comm_conf, self.layout, self.heartbeat)
-        self.faults = FaultInjector(self.strategy.conf["debug"], self.layout.rank)
+        self.faults = FaultInjector(comm_conf.get("debug", {}), self.layout.rank)
         if self.strategy.members.goes_on:  # without a lost learner: the launcher must not stop the others
             declare_goes_on()
         self.exp = Experiment(args.exp, self.conf)

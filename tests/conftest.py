@@ -3,6 +3,8 @@ processes talking gloo over localhost come from recipe/tools/local_learners.py."
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,15 @@ def tiny_exp(tmp_path_factory) -> Path:
     for stage in ("data", "features"):
         assert prepare([stage, "--exp", str(exp), *TINY]) == 0
     return exp
+
+
+def run_recipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """./run.sh with these arguments (a rendezvous port of its own unless given), output captured."""
+    port = [] if "--master-port" in args else ["--master-port", str(free_port())]
+    return subprocess.run([str(REPO / "run.sh"), *port, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_log(exp: Path) -> list[dict]:
+    """EXP/train_log.jsonl: one record per epoch."""
+    return [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
 import threading
 import time
 
+import pytest
 import torch
 
-from tests.conftest import REPO, TINY, free_port, run_learners, train_learner
+from tests.conftest import REPO, TINY, run_learners, run_recipe, train_learner, train_log
+
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def gossip_to_consensus(rank: int, world: int, seconds: float):
@@ -99,7 +101,7 @@ def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     out = run_learners(train_learner, 4, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"), *TINY,
                                           "train.epochs=2"])
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     for record in log:
         steps = record["learner_micro_steps"]
         fast = [steps[r] for r in (0, 2, 3)]
@@ -111,11 +113,10 @@ def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
 
 def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
     exp = tmp_path / "exp"
-    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config",
-           str(REPO / "ds_configs" / "adpsgd.json"), "--master-port", str(free_port()), *TINY, "train.epochs=4"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config",
+                     str(REPO / "ds_configs" / "adpsgd.json"), *TINY, "train.epochs=4")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
     # the learners drift apart between consensus averages (they train on different batches), but gossip keeps

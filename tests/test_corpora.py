@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import soundfile
-
 from omegaconf import OmegaConf
 
 from recipe.lib.config import DataConf

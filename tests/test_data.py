@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from recipe.lib.datadir import (build_tokens, check_tokens, load_data_dir, read_tokens, write_data_dir,
-                                 write_tokens)
+from recipe.lib.datadir import build_tokens, check_tokens, load_data_dir, read_tokens, write_data_dir, write_tokens
 from recipe.lib.tables import DataError
 
 SR = 16000

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.lib.decode import beam_decode, beam_search
 from recipe.evaluate import greedy_decode
+from recipe.lib.decode import beam_decode, beam_search
 from recipe.lib.ngram import EOS, NgramLM
 
 AB = ["<blank>", "a", "b"]

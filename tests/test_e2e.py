@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.conftest import REPO, TINY, free_port
+import pytest
+
+from tests.conftest import REPO, TINY, free_port, run_recipe, train_log
+
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def test_run_sh_trains_and_reports(tmp_path):
     exp = tmp_path / "exp"
-    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "2",
-           "--master-port", str(free_port()), *TINY, "train.epochs=4", "decode.average_last=2"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    args = ["--stage", "1", "--exp", str(exp), "--learners", "2", "--master-port", str(free_port()), *TINY,
+            "train.epochs=4", "decode.average_last=2"]
+    out = run_recipe(*args)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]  # the loss falls
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
@@ -42,26 +46,21 @@ def test_run_sh_trains_and_reports(tmp_path):
     assert "deepspeed" in launch and "--num_gpus 2" in launch
 
     # a rerun without --stage skips what is done (stage 0 only checks the environment) and redraws the report
-    rerun = [c for c in cmd if c not in ("--stage", "1")]
-    again = subprocess.run(rerun, cwd=REPO, capture_output=True, text=True, timeout=120)
+    again = run_recipe(*[a for a in args if a not in ("--stage", "1")], timeout=120)
     assert again.returncode == 0 and again.stdout.count("done before, skipped") == 4, again.stdout[-2000:]
     assert "held-out CER" in again.stdout
 
 
 def test_run_sh_rejects_bad_options_before_doing_work(tmp_path):
-    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "--bogus"],
-                         cwd=REPO, capture_output=True, text=True)
+    out = run_recipe("--stage", "1", "--exp", str(tmp_path / "e"), "--bogus")
     assert out.returncode == 2 and "unknown option '--bogus'" in out.stderr
-    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "model.hiden=3"],
-                         cwd=REPO, capture_output=True, text=True)
+    out = run_recipe("--stage", "1", "--exp", str(tmp_path / "e"), "model.hiden=3")
     assert out.returncode != 0 and "model.hiden" in out.stdout + out.stderr
     (tmp_path / "bad.json").write_text('{"train_micro_batch_size_per_gpu": 4, "comm": {"strategy": "gossip"}}')
-    out = subprocess.run([str(REPO / "run.sh"), "--stage", "1", "--exp", str(tmp_path / "e"), "--ds-config",
-                          str(tmp_path / "bad.json")], cwd=REPO, capture_output=True, text=True)
+    out = run_recipe("--stage", "1", "--exp", str(tmp_path / "e"), "--ds-config", str(tmp_path / "bad.json"))
     assert out.returncode != 0 and "unknown strategy 'gossip'" in out.stdout + out.stderr
     assert not (tmp_path / "corpus").exists()  # failed before synthesizing anything
-    assert "--ds-config FILE" in subprocess.run([str(REPO / "run.sh"), "--help"], cwd=REPO, capture_output=True,
-                                                text=True).stdout
+    assert "--ds-config FILE" in run_recipe("--help").stdout
 
 
 def test_run_sh_trains_the_papers_ce_objective_on_the_built_in_corpus(tmp_path):
@@ -70,12 +69,11 @@ def test_run_sh_trains_the_papers_ce_objective_on_the_built_in_corpus(tmp_path):
     import kaldiio
 
     exp = tmp_path / "exp"
-    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "2", "--master-port",
-           str(free_port()), "--conf", "recipe/conf/ce.yaml", *TINY, "model.stack=1", "train.epochs=3",
-           "optim.base_batch=16"]  # sync.json's 8 chunks a learner: enough steps on the tiny corpus
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "2", "--conf", "recipe/conf/ce.yaml", *TINY,
+                     "model.stack=1", "train.epochs=3",
+                     "optim.base_batch=16")  # sync.json's 8 chunks a learner: enough steps on the tiny corpus
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     targets = json.loads((exp / "targets" / "train" / "meta.json").read_text())
     majority = max(targets["counts"]) / sum(targets["counts"])  # always guessing the commonest phone (sil)
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] and log[-1]["frame_acc"] > majority + 0.1

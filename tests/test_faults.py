@@ -13,7 +13,9 @@ import subprocess
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, free_port, run_learners
+from tests.conftest import REPO, TINY, run_learners, run_recipe, train_log
+
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
@@ -62,7 +64,7 @@ def test_sync_skips_non_finite_steps_alike_on_every_learner(tiny_exp, tmp_path):
     # 96 utterances / (8 x 2 learners) = 6 steps an epoch; learner 1's steps 2 and 3 of epoch 1 go NaN
     exp, (a, b) = run(tiny_exp, tmp_path, 2, {"rank": 1, "nan_steps": [2, 3]})
     assert isinstance(a, dict) and isinstance(b, dict), (a, b)
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert [r["skipped_steps"] for r in log] == [4, 0]  # 2 steps skipped, by both learners (the NaN is reduced)
     assert all(torch.isfinite(v).all() for v in torch.load(exp / "checkpoints" / "epoch-002.pt",
                                                            weights_only=True)["model"].values())
@@ -111,7 +113,7 @@ def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):
     exp, out = run(tiny_exp, tmp_path, 4, {"rank": 1}, "train.epochs=3", ds="adpsgd.json", die_at_step={"2": 1})
     assert out[2] is None and all(isinstance(m, dict) for m in out[:2] + out[3:]), out
     assert out[0]["lost_learners"] == [2] and out[0]["cer"] == out[3]["cer"]
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert [r["lost_learners"] for r in log] == [[2]] * 3
     assert [r["learner_micro_steps"][2] for r in log] == [0] * 3  # its batch was counted by nobody
     assert sum(log[0]["learner_micro_steps"]) == 11  # the survivors took the epoch's other batches
@@ -127,7 +129,7 @@ def test_hybrid_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path, c
                    die_at_step={"3": 2})
     assert out[3] is None and out[2].startswith("LeftBehind: learner(s) [3] gone, found on learner 2 in epoch 1"), out
     assert out[0]["lost_learners"] == [2, 3] and out[0]["cer"] == out[1]["cer"]
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert [r["lost_learners"] for r in log] == [[2, 3]] * 3
     assert [r["learner_micro_steps"] for r in log[1:]] == [[6, 6, 0, 0]] * 2
     assert log[2]["heldout_loss"] < log[0]["heldout_loss"]
@@ -136,9 +138,8 @@ def test_hybrid_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path, c
 
 def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp, tmp_path):
     exp, ds = prepare(tiny_exp, tmp_path, "sync.json", die_at_step={"1": 6})
-    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3",
-           "--ds-config", str(ds), "--master-port", str(free_port()), *TINY, "train.epochs=2"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = run_recipe("--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3", "--ds-config",
+                     str(ds), *TINY, "train.epochs=2", timeout=300)
     assert out.returncode != 0
     assert "LearnerLost: lost learner(s) [1] of 3" in out.stdout + out.stderr, out.stdout[-3000:]
     assert not (exp / ".done" / "stage-3").exists()
@@ -147,9 +148,8 @@ def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp,
 def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_path):
     # the launcher stops everyone when a learner exits non-zero; recipe/supervisor.py keeps that from happening
     exp, ds = prepare(tiny_exp, tmp_path, "adpsgd.json", die_at_step={"2": 1})
-    cmd = [str(REPO / "run.sh"), "--stage", "3", "--stop-stage", "5", "--exp", str(exp), "--learners", "4",
-           "--ds-config", str(ds), "--master-port", str(free_port()), *TINY, "train.epochs=2"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = run_recipe("--stage", "3", "--stop-stage", "5", "--exp", str(exp), "--learners", "4", "--ds-config",
+                     str(ds), *TINY, "train.epochs=2", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
     assert "learner 2 (pid " in text and "was killed by SIGKILL; the others go on" in text, text[-3000:]

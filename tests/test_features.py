@@ -8,10 +8,10 @@ import soundfile
 from omegaconf import OmegaConf
 
 from model.lstm import LSTMAcousticModel
+from recipe.evaluate import evaluate
 from recipe.lib.config import FeatureConf
 from recipe.lib.datadir import load_data_dir
 from recipe.lib.dataset import BucketBatchSampler, CTCDataset, FeatureReader
-from recipe.evaluate import evaluate
 from recipe.lib.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
 from tests.test_data import make_dir
 

@@ -7,7 +7,11 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):

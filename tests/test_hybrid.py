@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
 
 from comm import ProcessLayout, build_strategy, init_distributed
 from comm.layout import LayoutError
-from tests.conftest import REPO, TINY, free_port, run_learners
+from tests.conftest import REPO, TINY, run_learners, run_recipe, train_log
 
 
 def test_layouts_are_validated_with_every_factor():
@@ -58,6 +57,7 @@ def hybrid_steps(rank: int, world: int, steps: int):
     return {"before": before, "snapshots": snapshots, "final": flat(), "leader_bytes": strategy.stats.bytes_sent}
 
 
+@pytest.mark.slow
 def test_replicas_stay_identical_and_nodes_converge_preserving_the_sum():
     out = run_learners(hybrid_steps, 4, 30)
     for a, b in ((0, 1), (2, 3)):  # learners of one node: bit-identical after every step and merge
@@ -75,14 +75,13 @@ def test_replicas_stay_identical_and_nodes_converge_preserving_the_sum():
     assert out[0]["leader_bytes"] > 0 and out[1]["leader_bytes"] == 0  # only leaders cross the node boundary
 
 
+@pytest.mark.slow
 def test_hybrid_end_to_end_through_the_launcher(tmp_path):
     exp = tmp_path / "exp"
-    cmd = [str(REPO / "run.sh"), "--stage", "1", "--exp", str(exp), "--learners", "4", "--nodes", "2",
-           "--ds-config", str(REPO / "ds_configs" / "hybrid.json"), "--master-port", str(free_port()), *TINY,
-           "train.epochs=4"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "4", "--nodes", "2", "--ds-config",
+                     str(REPO / "ds_configs" / "hybrid.json"), *TINY, "train.epochs=4")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
     metrics = json.loads((exp / "metrics.json").read_text())

@@ -16,9 +16,16 @@ import numpy as np
 import pytest
 import soundfile
 
+from recipe.lib.kaldi_io import (
+    FeatsScp,
+    pipe_command,
+    read_alignments,
+    read_cmvn_stats,
+    read_pipe_audio,
+    read_vectors,
+    write_matrices,
+)
 from recipe.lib.tables import DataError
-from recipe.lib.kaldi_io import (FeatsScp, pipe_command, read_alignments, read_cmvn_stats, read_pipe_audio,
-                             read_vectors, write_matrices)
 
 ALIGNMENTS = {"utt-b": np.array([12, 12, 12, 40, 40, 7], dtype=np.int32), "utt-a": np.array([0, 3], dtype=np.int32)}
 

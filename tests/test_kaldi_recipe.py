@@ -10,10 +10,10 @@ import kaldiio
 import numpy as np
 import pytest
 
-from recipe.lib.tables import DataError
 from recipe.evaluate import main as evaluate
+from recipe.lib.tables import DataError
 from recipe.prepare import main as prepare
-from tests.conftest import REPO, run_learners, train_learner
+from tests.conftest import REPO, run_learners, train_learner, train_log
 
 DIM, CLASSES = 13, 4
 
@@ -61,13 +61,14 @@ def kaldi_setup(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_kaldi_features_alignments_and_ivectors_train_with_ce(kaldi_setup):
     root, exp = kaldi_setup, kaldi_setup / "exp"
     for stage in ("data", "features"):
         assert prepare([stage, "--exp", str(exp), *settings(root)]) == 0
     argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / "sync.json"), *settings(root)]
     metrics, _ = run_learners(train_learner, 2, argv)
-    log = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    log = train_log(exp)
     assert metrics["objective"] == "ce" and metrics["train_utterances"] == 18 and metrics["test_utterances"] == 6
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
     assert metrics["frame_acc"] > 0.6  # 4 classes: chance is about 0.25

@@ -17,6 +17,7 @@ def test_utterance_lengths_add_up_to_the_requested_size(size_bytes):
     np.testing.assert_array_equal(lengths, utterance_lengths(size_bytes))  # the same corpus for the same seed
 
 
+@pytest.mark.slow
 def test_trains_under_the_limit_and_reports_peak_rss(tmp_path):
     row = measure(tmp_path, 0.02, limit_gb=2.0)
     assert row["utterances"] > 0 and row["frames"] * DIM * 4 == pytest.approx(0.02e9, rel=0.05)

@@ -7,7 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from recipe.tools.simulate import Cluster, Link, Workload, estimate, exchange_s, paper_table, projection, ring_allreduce_s
+from recipe.tools.simulate import (
+    Cluster,
+    Link,
+    Workload,
+    estimate,
+    exchange_s,
+    paper_table,
+    projection,
+    ring_allreduce_s,
+)
 
 GBYTE_PER_S = Link(bandwidth_gbps=8, latency_us=0)  # 1e9 bytes/s, no latency
 

@@ -22,6 +22,7 @@ def test_the_plan_runs_every_setting_once_and_shares_the_base_runs():
     assert next(r for r in runs if r["name"] == "straggler4x-sync")["comm"] == {"debug": {"slowdown": {"1": 4.0}}}
 
 
+@pytest.mark.slow
 def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
     args = [f"exp={tmp_path / 'study'}", "utterances=64", "epochs=1", "learners=2", "nodes=2",
             "batch_multipliers=[1,2]", "slowdowns=[2]", f"overrides=[{','.join(TINY_MODEL)}]"]

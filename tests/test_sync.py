@@ -10,6 +10,8 @@ import torch
 
 from tests.conftest import run_learners
 
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
+
 
 def sync_steps(rank: int, world: int, steps: int):
     import deepspeed

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from model.lstm import LSTMAcousticModel, frame_ce_loss
-from recipe.lib.datadir import Utterance
-from recipe.lib.tables import DataError
-from recipe.lib.dataset import IGNORE, BucketBatchSampler, ChunkDataset, FeatureReader
 from recipe.evaluate import evaluate_frames, export_loglikes
+from recipe.lib.datadir import Utterance
+from recipe.lib.dataset import IGNORE, BucketBatchSampler, ChunkDataset, FeatureReader
 from recipe.lib.features import CacheWriter, FeatureCache, import_kaldi_features, write_cache
+from recipe.lib.tables import DataError
 from recipe.lib.targets import FrameTargets, ctm_alignments, log_priors, write_targets
 
 FRAMES = {"s1-a": 50, "s1-b": 23, "s2-a": 21}

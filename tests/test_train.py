@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 
-from tests.conftest import REPO, TINY, run_learners, train_learner
+from tests.conftest import REPO, TINY, run_learners, train_learner, train_log
+
+pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def train_run(exp, *extra):
@@ -16,7 +19,7 @@ def train_run(exp, *extra):
 
 
 def log_without_times(exp):
-    rows = [json.loads(line) for line in (exp / "train_log.jsonl").read_text().splitlines()]
+    rows = train_log(exp)
     return [{k: v for k, v in r.items() if "wall" not in k and "per_s" not in k} for r in rows]
 
 

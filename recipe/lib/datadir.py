@@ -55,67 +55,83 @@ def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
     wav_scp = read_table(d / "wav.scp")
     text = read_table(d / "text")
     utt2spk = read_table(d / "utt2spk") if (d / "utt2spk").is_file() else {}
-    skipped: Counter = Counter()
-
-    def checked(kind: str, check, *args):
-        """check(*args), or None (counted under kind) for a DataError when bad utterances are skipped."""
-        try:
-            return check(*args)
-        except DataError as err:
-            if on_bad == "error":
-                raise
-            log.warning("%s: skipped", err)
-            skipped[kind] += 1
-            return None
-
+    skips = _Skips(on_bad)
     recordings = {rec: _audio_path(d / "wav.scp", lineno, rec, entry) for rec, (entry, lineno) in wav_scp.items()}
     with ThreadPoolExecutor(8) as pool:  # pipe commands run to learn their length: several at once
         durations = dict(zip(recordings, pool.map(
-            lambda rec: checked("unreadable_audio", _duration, d / "wav.scp", wav_scp[rec][1], rec, recordings[rec]),
-            recordings)))
+            lambda rec: skips.checked("unreadable_audio", _duration, d / "wav.scp", wav_scp[rec][1], rec,
+                                      recordings[rec]), recordings)))
     durations = {rec: seconds for rec, seconds in durations.items() if seconds is not None}
     if (d / "segments").is_file():
-        audio = {}
-        for utt, (entry, lineno) in read_table(d / "segments").items():
-            if entry.split()[:1] and entry.split()[0] in set(recordings) - set(durations):
-                continue  # of an unreadable recording, skipped and counted above
-            segment = checked("bad_segment", _segment, d / "segments", lineno, utt, entry, durations)
-            if segment is not None:
-                audio[utt] = segment
-        skipped["recording_without_segments"] = len(set(durations) - {a[0] for a in audio.values()})
+        audio = _segments(d, set(recordings) - set(durations), durations, skips)
     else:
         audio = {utt: (utt, 0.0, None) for utt in durations}
 
     utts = []
     for utt in sorted(set(audio) | set(text)):
-        if utt not in text:
-            log.warning("%s: utterance %s has audio but no transcript in text: skipped", d, utt)
-            skipped["audio_without_text"] += 1
-            continue
-        if utt not in audio:
-            log.warning("%s/text:%d: utterance %s has no audio: skipped", d, text[utt][1], utt)
-            skipped["text_without_audio"] += 1
-            continue
-        words = text[utt][0]
-        if not words:
-            log.warning("%s/text:%d: utterance %s has an empty transcript: skipped", d, text[utt][1], utt)
-            skipped["empty_transcript"] += 1
-            continue
-        rec, start, end = audio[utt]
-        seconds = (end if end is not None else durations[rec]) - start
-        if seconds <= 0.0:
-            log.warning("%s: utterance %s has no audio samples: skipped", d, utt)
-            skipped["zero_length_audio"] += 1
-            continue
-        if seconds > max_seconds:
-            log.warning("%s: utterance %s is %.1f s long (> data.max_utt_seconds): skipped", d, utt, seconds)
-            skipped["too_long"] += 1
-            continue
-        speaker = utt2spk[utt][0] if utt in utt2spk else utt
-        utts.append(Utterance(utt, speaker, recordings[rec], " ".join(words.split()), start, end))
+        seconds = _usable_seconds(d, utt, text, audio, durations, max_seconds, skips)
+        if seconds is not None:
+            rec, start, end = audio[utt]
+            speaker = utt2spk[utt][0] if utt in utt2spk else utt
+            utts.append(Utterance(utt, speaker, recordings[rec], " ".join(text[utt][0].split()), start, end))
     if not utts:
-        raise DataError(f"{d}: no usable utterances ({dict(+skipped) or 'empty wav.scp/text'})")
-    return utts, +skipped
+        raise DataError(f"{d}: no usable utterances ({dict(+skips.counts) or 'empty wav.scp/text'})")
+    return utts, +skips.counts
+
+
+class _Skips:
+    """What was skipped, by kind; with on_bad="error" a DataError stops the run instead."""
+
+    def __init__(self, on_bad: str):
+        self.on_bad, self.counts = on_bad, Counter()
+
+    def checked(self, kind: str, check, *args):
+        """check(*args), or None (counted under kind) for a DataError when bad utterances are skipped."""
+        try:
+            return check(*args)
+        except DataError as err:
+            if self.on_bad == "error":
+                raise
+            log.warning("%s: skipped", err)
+            self.counts[kind] += 1
+            return None
+
+    def skip(self, kind: str, message: str, *args) -> None:
+        """A mismatch Kaldi's fix_data_dir.sh would drop: always skipped with a warning, and counted."""
+        log.warning(message + ": skipped", *args)
+        self.counts[kind] += 1
+
+
+def _segments(d: Path, unreadable: set[str], durations: dict[str, float], skips: _Skips) -> dict:
+    """segments -> {utt: (recording, start, end)}, each checked against its recording's duration."""
+    audio = {}
+    for utt, (entry, lineno) in read_table(d / "segments").items():
+        if entry.split()[:1] and entry.split()[0] in unreadable:
+            continue  # of an unreadable recording, skipped and counted already
+        segment = skips.checked("bad_segment", _segment, d / "segments", lineno, utt, entry, durations)
+        if segment is not None:
+            audio[utt] = segment
+    skips.counts["recording_without_segments"] = len(set(durations) - {a[0] for a in audio.values()})
+    return audio
+
+
+def _usable_seconds(d: Path, utt: str, text: dict, audio: dict, durations: dict[str, float], max_seconds: float,
+                    skips: _Skips) -> float | None:
+    """The utterance's length, or None when it is skipped (and counted) for a mismatch or its length."""
+    if utt not in text:
+        return skips.skip("audio_without_text", "%s: utterance %s has audio but no transcript in text", d, utt)
+    if utt not in audio:
+        return skips.skip("text_without_audio", "%s/text:%d: utterance %s has no audio", d, text[utt][1], utt)
+    if not text[utt][0]:
+        return skips.skip("empty_transcript", "%s/text:%d: utterance %s has an empty transcript", d, text[utt][1],
+                          utt)
+    rec, start, end = audio[utt]
+    seconds = (end if end is not None else durations[rec]) - start
+    if seconds <= 0.0:
+        return skips.skip("zero_length_audio", "%s: utterance %s has no audio samples", d, utt)
+    if seconds > max_seconds:
+        return skips.skip("too_long", "%s: utterance %s is %.1f s long (> data.max_utt_seconds)", d, utt, seconds)
+    return seconds
 
 
 def _load_feats_dir(d: Path) -> tuple[list[Utterance], Counter]:

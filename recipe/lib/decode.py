@@ -115,15 +115,9 @@ def _search(lp: np.ndarray, tokens: Sequence[str], beam: int, word_score: Callab
         repeat = np.arange(V)[None, :] == last[:, None]
         ext = np.logaddexp(p_b[:, None], np.where(repeat, NEG, p_nb[:, None])) + row[None, :]
         ext[:, 0] = NEG
-        if word_score.oov_penalty:
-            spelling = np.stack([word_score.spelling(p) for p in partial])
-            lm_ext = lm[:, None] + spelling  # the LM score of each extension, before any word it completes
-        else:
-            lm_ext = np.broadcast_to(lm[:, None], ext.shape)
+        lm_ext, word_end = _lm_scores(lm, words, partial, word_score, V, space)
         total = ext + lm_ext
-        word_end = np.zeros(len(prefixes))
-        if space >= 0 and word_score.active:
-            word_end = np.array([word_score(w, p) if p else 0.0 for w, p in zip(words, partial)])
+        if space >= 0:
             total[:, space] += word_end
         # Staying on the same prefix: a blank, or a repeat of the last label (merged into it).
         stay_b = np.logaddexp(p_b, p_nb) + row[0]
@@ -158,14 +152,33 @@ def _search(lp: np.ndarray, tokens: Sequence[str], beam: int, word_score: Callab
         prefixes, p_b, p_nb, lm, words, partial = new
         p_b, p_nb, lm = np.array(p_b), np.array(p_nb), np.array(lm)
 
-    # End of utterance: score the last word and </s>; prefixes that normalise to the same text add up.
+    return _best_text(prefixes, np.logaddexp(p_b, p_nb) + lm, words, partial, tokens, word_score)
+
+
+def _lm_scores(lm: np.ndarray, words: list, partial: list[str], word_score: Callable, vocab: int,
+               space: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (the LM score of each prefix's extension by each label, before any word it completes; the score of
+    the word a space would complete, per prefix)."""
+    if word_score.oov_penalty:
+        lm_ext = lm[:, None] + np.stack([word_score.spelling(p) for p in partial])
+    else:
+        lm_ext = np.broadcast_to(lm[:, None], (len(lm), vocab))
+    word_end = np.zeros(len(lm))
+    if space >= 0 and word_score.active:
+        word_end = np.array([word_score(w, p) if p else 0.0 for w, p in zip(words, partial)])
+    return lm_ext, word_end
+
+
+def _best_text(prefixes: list, scores: np.ndarray, words: list, partial: list[str], tokens: Sequence[str],
+               word_score: Callable) -> str:
+    """End of utterance: score the last word and </s>; prefixes that normalise to the same text add up."""
     best: dict[str, float] = {}
     for j, p in enumerate(prefixes):
         history, end = words[j], 0.0
         if partial[j]:
             end += word_score(history, partial[j])
             history += (partial[j],)
-        score = np.logaddexp(p_b[j], p_nb[j]) + lm[j] + end + word_score(history, EOS)
+        score = scores[j] + end + word_score(history, EOS)
         text = " ".join("".join(tokens[c] for c in p).split())
         best[text] = np.logaddexp(best.get(text, NEG), score)
     return min(best, key=lambda text: (-best[text], text))

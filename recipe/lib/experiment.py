@@ -23,9 +23,9 @@ from model.lstm import LSTMAcousticModel
 from recipe.lib.augment import SpecAugment, source_utt
 from recipe.lib.config import ConfigError, load_config
 from recipe.lib.datadir import read_tokens
-from recipe.lib.tables import read_table
 from recipe.lib.dataset import ChunkDataset, CTCDataset, FeatureReader
 from recipe.lib.features import FeatureCache, cmvn_stats
+from recipe.lib.tables import read_table
 from recipe.lib.targets import FrameTargets
 
 

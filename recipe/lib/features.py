@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from recipe.lib.datadir import Utterance
-from recipe.lib.tables import DataError
 from recipe.lib.kaldi_io import FeatsScp, pipe_command, read_cmvn_stats, read_pipe_audio
 from recipe.lib.progress import progress_bar
+from recipe.lib.tables import DataError
 
 
 def feature_dim(conf: DictConfig) -> int:

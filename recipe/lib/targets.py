@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from recipe.lib.tables import DataError, read_table
 from recipe.lib.features import FeatureCache
+from recipe.lib.tables import DataError, read_table
 
 log = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     from comm import ProcessLayout, build_strategy, init_distributed
     from recipe.lib.dataset import BucketBatchSampler
     from recipe.lib.ds_config import load_ds_config
-    from recipe.lib.experiment import Experiment
     from recipe.lib.engine import batch_loss, experiment_engine, make_optimizer, threads_per_learner, train_step
+    from recipe.lib.experiment import Experiment
 
     exp = Experiment(args["exp"])
     conf = exp.conf

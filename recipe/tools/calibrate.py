@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipe.tools.bench import prepare_subset, run_arm
 from recipe.lib.dataset import BucketBatchSampler
+from recipe.tools.bench import prepare_subset, run_arm
 from recipe.tools.local_learners import run_learners
 from recipe.tools.simulate import Cluster, Link, Workload, estimate
 
