@@ -28,6 +28,7 @@ from comm.distributed import ProcessGroups, store
 from comm.gossip import EXCHANGE_DTYPES, GossipStats, GossipThread, flatten
 from comm.membership import Membership
 from comm.topology import PairingSchedule
+from comm.weights import Weights
 
 
 class GroupMPU:
@@ -88,7 +89,7 @@ class ADPSGDStrategy(Strategy):
         self.lock = threading.Lock()
         self._mpu: GroupMPU | None = None
         self._thread: GossipThread | None = None
-        self._params: list[torch.Tensor] = []
+        self.weights: Weights | None = None  # what gossip mixes: the optimizer's (fp32 master) weights
         self.rounds = 0
         self.stats = GossipStats()  # over the epochs' finished gossip threads
         self._epochs_ended = 0
@@ -110,11 +111,12 @@ class ADPSGDStrategy(Strategy):
 
     def attach(self, engine) -> None:
         super().attach(engine)
-        self._params = [p for p in engine.module.parameters()]
+        self.weights = Weights(engine)
         # DeepSpeed broadcast inside a group of one: make every learner start from rank 0's weights (DESIGN.md §9.2)
         with torch.no_grad():
-            for p in self._params:
-                dist.broadcast(p.data, src=0)
+            for w in self.weights.masters:
+                dist.broadcast(w.data, src=0)
+        self.weights.publish()
 
     def batches(self, sampler, epoch: int, accumulation: int) -> Iterator[tuple[np.ndarray, float]]:
         """Every learner walks its own shuffle of ALL batches; the epoch ends once the learners together have
@@ -134,8 +136,9 @@ class ADPSGDStrategy(Strategy):
 
     def _start_gossip(self) -> None:
         local = self.layout.local_size
-        self._thread = GossipThread(self._params, self._peer, self.groups.gossip, self.lock, self.conf["period"],
-                                    self.conf["exchange_dtype"], first_round=self.rounds, link=self.link,
+        self._thread = GossipThread(self.weights.masters, self._peer, self.groups.gossip, self.lock,
+                                    self.conf["period"], self.conf["exchange_dtype"], first_round=self.rounds,
+                                    link=self.link,
                                     crosses_boundary=lambda peer: peer // local != self.layout.node_rank,
                                     lost_peers=set(self.members.lost),
                                     confirm_lost=self._confirm_lost if self.members.goes_on else None).start()
@@ -163,7 +166,8 @@ class ADPSGDStrategy(Strategy):
 
     def _merge(self) -> None:
         """Add what the gossip thread received to the weights; at a step boundary or once it has stopped."""
-        self._thread.apply_pending()
+        if self._thread.apply_pending():
+            self.weights.publish()
 
     def _stop_gossip(self, epoch_end: bool = False) -> None:
         """Agree on the last round over the learners still running and let every gossip thread run to it
@@ -189,16 +193,23 @@ class ADPSGDStrategy(Strategy):
         self._stop_gossip(epoch_end=True)
         live = len(self.members.live)
         with torch.no_grad():
-            flat = flatten(self._params, torch.float64)
+            flat = flatten(self.weights.masters, torch.float64)
             mean = self.members.reduce(flat.clone()).cpu() / live
+            if not torch.isfinite(mean).all():  # every learner sees it: they all ask who, then stop
+                own = [float(r == self.layout.rank and not torch.isfinite(flat).all())
+                       for r in range(self.layout.world_size)]
+                bad = [r for r, n in enumerate(self.members.sum(own)) if n]
+                raise FloatingPointError(f"learner(s) {bad} hold non-finite weights at the end of epoch "
+                                         f"{self._epochs_ended}: their average would be too; lower optim.lr")
             # relative distance of this learner from the mean; averaged over learners below
             distance = ((flat - mean).norm() / mean.norm().clamp(min=1e-12)) ** 2
             # [sum of squared distances, merges skipped, rounds skipped (paired with a lost learner)]
             summed = self.members.sum([float(distance), self.stats.merges_skipped, self.stats.rounds_skipped])
             offset = 0
-            for p in self._params:
-                p.copy_(mean[offset: offset + p.numel()].view_as(p).to(p.dtype))
-                offset += p.numel()
+            for w in self.weights.masters:
+                w.copy_(mean[offset: offset + w.numel()].view_as(w).to(w.dtype))
+                offset += w.numel()
+        self.weights.publish()
         lost = self.members.lost
         return {"consensus_distance": math.sqrt(summed[0]) / math.sqrt(live),
                 "gossip_merges_skipped": int(summed[1]), **({"lost_learners": lost} if lost else {}),

@@ -110,7 +110,9 @@ class GossipThread:
 
     def step_done(self) -> None:
         """Called by the compute thread after every optimizer step and after adding what take_pending() gave:
-        paces the rounds."""
+        paces the rounds. A failed exchange surfaces here, at the next step, not at the epoch's end."""
+        if self._error is not None:
+            raise RuntimeError(f"gossip thread failed: {self._error!r}") from self._error
         with self._cond:
             self._steps += 1
             self._taken = False
@@ -124,12 +126,14 @@ class GossipThread:
             self._taken = self._taken or delta is not None
         return delta
 
-    def apply_pending(self) -> None:
-        """Add the received deltas to the weights; only the compute thread calls this, between steps."""
+    def apply_pending(self) -> bool:
+        """Add the received deltas to the weights; only the compute thread calls this, between steps.
+        -> whether there were any."""
         delta = self.take_pending()
         if delta is not None:
             with self.step_lock:
                 add_flat(self.params, delta)
+        return delta is not None
 
     def _next_round(self) -> int | None:
         """Block until the next round may start; None when the agreed last round is done."""
@@ -188,7 +192,8 @@ class GossipThread:
             # and the sum of the weights is still preserved exactly
             snapshot = outgoing.to(torch.float32)
         incoming = incoming.to(torch.float32)
-        if not torch.isfinite(incoming).all():
+        # either side's weights not finite (diverged, or beyond fp16's 65504 on the wire): both sides skip alike
+        if not (torch.isfinite(incoming).all() and torch.isfinite(snapshot).all()):
             self.stats.merges_skipped += 1
         else:
             delta = (incoming - snapshot).mul_(0.5)

@@ -58,15 +58,19 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self) -> None:
-        beats, lost_seen_at = 0, None
+        beats, lost_seen_at, failing_since = 0, None, None
         while not self._stop.wait(self.interval_s):
             try:
                 self.store.set(f"heartbeat/{self.rank}", str(beats))
                 beats += 1
                 if lost_seen_at is None and self.store.check([LOST_KEY]):
                     lost_seen_at = time.monotonic()
-            except Exception:  # the store went away with learner 0; a collective on it fails by itself
-                return
+                failing_since = None
+            except Exception:  # a store hiccup: keep beating, or the others would take this learner for lost
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > self.grace_s:
+                    return  # the store went away with learner 0; a collective on it fails by itself
+                continue
             if lost_seen_at is not None and time.monotonic() - lost_seen_at > self.grace_s:
                 if not self._diagnosing.is_set():  # stuck in a collective on a survivor that gave up
                     print(f"LearnerLost: {self._message(self._read_lost(), 'while waiting in a collective')}",
@@ -120,9 +124,9 @@ class Heartbeat:
         def key(r: int) -> str:
             return f"members/{tag}/{r}"
 
-        if self.store.compare_set(key(self.rank), "", IN) != IN:  # the others gave this learner up
-            raise LearnerLost(f"learner {self.rank} reached {tag} after the others had dropped it (its heartbeat "
-                              f"stood still for {stall_s:.0f} s); it stops")
+        if self.store.compare_set(key(self.rank), "", IN) != IN:  # the others gave this learner up and go on
+            raise LeftBehind(f"learner {self.rank} reached {tag} after the others had dropped it (its heartbeat "
+                             f"stood still for {stall_s:.0f} s); it leaves the run, the others go on")
         seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last beat, when it last changed)
         while waiting := [r for r in range(self.world_size) if not self.store.check([key(r)])]:
             dropped, now = self.dropped(), time.monotonic()

@@ -70,8 +70,9 @@ class HybridStrategy(ADPSGDStrategy):
         leader = self.layout.node_rank * self.layout.local_size
         dist.broadcast(flag, src=leader, group=group)
         if flag.item():
-            delta = torch.empty(sum(p.numel() for p in self._params), device=device) if delta is None \
+            delta = torch.empty(sum(w.numel() for w in self.weights.masters), device=device) if delta is None \
                 else delta.to(device)
             dist.broadcast(delta, src=leader, group=group)
             with self.lock:
-                add_flat(self._params, delta)
+                add_flat(self.weights.masters, delta)
+                self.weights.publish()

@@ -55,6 +55,14 @@ class Membership:
         """Python numbers summed over the live learners."""
         return self.reduce(torch.tensor(values, dtype=torch.float64)).tolist()
 
+    def share(self, obj, src: int = 0):
+        """Learner src's picklable object, on every learner (collective over the world, before anyone is lost)."""
+        if self._group is not None:
+            raise RuntimeError("share() is for the start of a run, before any learner was lost")
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
     def barrier(self) -> None:
         if self._group is None:
             dist.barrier()

@@ -174,11 +174,15 @@ class Trainer:
         self.state.load_state_dict(checkpoint["train_state"])
 
     def resume(self) -> None:
-        if self.args.resume and self.exp.checkpoints():
-            checkpoint = self.exp.load_checkpoint()
-            self.load_state_dict(checkpoint)
-            self.epoch = self.state.epoch + 1
-            log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
+        """--resume: learner 0 reads its latest checkpoint and sends it to all, so that no learner depends on a
+        disk shared with learner 0 (each reads only its own features)."""
+        if self.args.resume:
+            found = self.exp.checkpoints() if self.is_main else []
+            checkpoint = self.strategy.members.share(self.exp.load_checkpoint() if found else None)
+            if checkpoint is not None:
+                self.load_state_dict(checkpoint)
+                self.epoch = self.state.epoch + 1
+                log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
         if self.is_main:  # the log holds exactly the epochs of the checkpoint being continued
             (self.exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in self.state.history))
 

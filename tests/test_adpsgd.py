@@ -140,17 +140,24 @@ def gossip_with_a_faulty_peer(rank: int, world: int, fault: str):
         params[0][3] = float("nan")
     if rank == 1 and fault == "other model":
         params.append(torch.zeros(2))
-    thread = GossipThread(params, lambda r: 1 - rank, dist.new_group(backend="gloo"), threading.Lock()).start()
-    for _ in range(5):
-        thread.step_done()
-        time.sleep(0.05)
-        thread.apply_pending()
+    if rank == 1 and fault == "beyond fp16":  # 65504 is fp16's largest: its own snapshot goes inf on the wire
+        params[0][3] = 1e5
+    exchange_dtype = "fp16" if fault == "beyond fp16" else "fp32"
+    thread = GossipThread(params, lambda r: 1 - rank, dist.new_group(backend="gloo"), threading.Lock(),
+                          exchange_dtype=exchange_dtype).start()
+    try:
+        for _ in range(5):
+            thread.step_done()  # a failed exchange surfaces here, at the next step
+            time.sleep(0.05)
+            thread.apply_pending()
+    except RuntimeError as err:
+        return {"error": str(err), "at": "a step"}
     started = torch.tensor([thread.pause()])
     dist.all_reduce(started, op=dist.ReduceOp.MAX)
     try:
         thread.stop(int(started), timeout=30)
     except RuntimeError as err:
-        return {"error": str(err)}
+        return {"error": str(err), "at": "the stop"}
     thread.apply_pending()
     return {"params": params[0], "skipped": thread.stats.merges_skipped, "rounds": thread.rounds_started}
 
@@ -161,9 +168,17 @@ def test_a_learner_never_merges_non_finite_weights_from_its_peer():
     assert torch.equal(healthy["params"], torch.zeros(10))  # untouched by the NaN peer
 
 
+def test_weights_beyond_fp16_on_the_wire_are_not_merged_by_either_side():
+    healthy, big = run_learners(gossip_with_a_faulty_peer, 2, "beyond fp16")
+    for learner in (healthy, big):
+        assert learner["rounds"] > 0 and learner["skipped"] == learner["rounds"]
+    assert torch.equal(healthy["params"], torch.zeros(10)) and torch.isfinite(big["params"]).all()
+
+
 def test_a_peer_with_another_model_is_a_protocol_error_not_a_merge():
     out = run_learners(gossip_with_a_faulty_peer, 2, "other model")
     assert "GossipProtocolError" in out[0]["error"] and "expected 10 weights from learner 1" in out[0]["error"]
+    assert out[0]["at"] == "a step"  # not only at the epoch's end, while its partner waits
     assert "with 12 weights" in out[0]["error"]
 
 
@@ -193,3 +208,54 @@ def test_rounds_run_at_the_stop_exchange_the_weights_with_their_pending_merge():
     assert out[0]["rounds"] == 2
     for o in out:  # one full average: 0 and 1 meet at 0.5 (a stale snapshot would leave 0.75 and 0.25)
         assert torch.equal(o["params"], torch.full((4,), 0.5))
+
+
+def gossip_in_precision(rank: int, world: int, precision: str, lr: float, steps: int):
+    """ADPSGD on a tiny model in fp32 or bf16 (DeepSpeed's fp32 master weights, DESIGN.md §9.15). lr 0: the
+    learners start apart and only gossip moves them; then one more step. -> consensus distance, weights."""
+    from comm import ProcessLayout, build_strategy, init_distributed
+    from model.lstm import LSTMAcousticModel, ctc_loss
+    from recipe.lib.engine import build_engine
+
+    init_distributed()
+    strategy = build_strategy({"strategy": "adpsgd", "period": 1}, ProcessLayout.from_env())
+    torch.manual_seed(0)
+    model = LSTMAcousticModel(input_dim=12, output_dim=6, layers=1, hidden=16, stack=2)
+    config = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": precision == "bf16"}}
+    engine = build_engine(model, torch.optim.SGD(model.parameters(), lr=lr), config, strategy)
+    dtype = next(engine.module.parameters()).dtype
+    # lr 0: the learners start apart by their rank, in the weights the optimizer steps, and should end at the mean
+    mean = torch.cat([w.detach().flatten() + (world - 1) / 2 for w in strategy.weights.masters]).to(dtype).float()
+    if lr == 0:
+        with torch.no_grad():
+            for w in strategy.weights.masters:
+                w.add_(float(rank))
+        strategy.weights.publish()
+    g = torch.Generator().manual_seed(rank)
+
+    def step():
+        logits, out_lengths = engine(torch.randn(2, 10, 12, generator=g).to(dtype), torch.tensor([10, 8]))
+        loss = ctc_loss(logits, out_lengths, torch.randint(1, 6, (4,), generator=g), torch.tensor([2, 2]))
+        engine.backward(loss)
+        with strategy.step_lock():
+            engine.step()
+
+    for _ in range(steps):
+        step()
+        strategy.after_step(engine)
+    strategy._stop_gossip()  # every merge in
+    step()  # one more optimizer step: the merged weights must survive it
+    flat = torch.cat([p.detach().float().flatten() for p in engine.module.parameters()])
+    distance = strategy.end_epoch(engine)["consensus_distance"]
+    strategy.close()
+    return {"distance": distance, "weights": flat, "mean": mean}
+
+
+def test_gossip_mixes_the_master_weights_in_bf16():
+    """Under bf16 DeepSpeed copies its fp32 masters over the module's parameters after every step: merges must
+    reach the masters, or the learners never mix."""
+    apart = run_learners(gossip_in_precision, 2, "bf16", 0.0, 6)
+    for learner in apart:  # averaged by gossip, and still there after another step
+        torch.testing.assert_close(learner["weights"], learner["mean"], rtol=0, atol=0)
+    fp32, bf16 = (run_learners(gossip_in_precision, 2, p, 0.05, 20) for p in ("fp32", "bf16"))
+    assert 0 < bf16[0]["distance"] < 2 * fp32[0]["distance"], (bf16[0]["distance"], fp32[0]["distance"])

@@ -21,24 +21,37 @@ pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     """Train with the recipe; the features of learner fault["rank"]'s micro batches fault["nan_steps"] (counted
     over the whole run) are NaN; at its micro batch fault["hang_at_step"] it freezes (SIGSTOP, as a learner
-    on a stalled machine) until it is killed 15 s later. -> the metrics, or the error text."""
+    on a stalled machine) until it is killed 15 s later; after its micro batch fault["nan_weights_at_step"] its
+    weights are NaN; in fault["idle_epochs"] it gets no batch (ADPSGD). -> the metrics, or the error text."""
     import recipe.train as recipe_train
+    from comm.adpsgd import ADPSGDStrategy
 
-    real_step, steps = recipe_train.train_step, [0]
+    real_step, real_batches, steps = recipe_train.train_step, ADPSGDStrategy.batches, [0]
+    here = rank == fault["rank"]
 
     def train_step(engine, strategy, batch):
         steps[0] += 1
-        if rank == fault["rank"] and steps[0] in fault.get("nan_steps", ()):
+        if here and steps[0] in fault.get("nan_steps", ()):
             batch = {**batch, "feats": torch.full_like(batch["feats"], float("nan"))}
-        if rank == fault["rank"] and steps[0] == fault.get("hang_at_step"):
+        if here and steps[0] == fault.get("hang_at_step"):
             subprocess.Popen(["sh", "-c", f"sleep 15; kill -KILL {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
-        return real_step(engine, strategy, batch)
+        out = real_step(engine, strategy, batch)
+        if here and steps[0] == fault.get("nan_weights_at_step"):
+            with torch.no_grad():
+                next(engine.module.parameters()).fill_(float("nan"))
+        return out
+
+    def batches(strategy, sampler, epoch, accumulation):
+        if here and epoch in fault.get("idle_epochs", ()):
+            return iter(())
+        return real_batches(strategy, sampler, epoch, accumulation)
 
     recipe_train.train_step = train_step
+    ADPSGDStrategy.batches = batches
     try:
         return recipe_train.Trainer(recipe_train.parse_args(argv)).train()
-    except RuntimeError as err:
+    except (RuntimeError, FloatingPointError) as err:
         return f"{type(err).__name__}: {err}"
 
 
@@ -106,6 +119,25 @@ def test_a_frozen_learner_is_named_once_the_collective_timeout_expires(tiny_exp,
     assert out[1] is None
     assert out[0].startswith("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1"), out[0]
     assert "last checkpoint: none yet" in out[0]
+
+
+def test_a_learner_with_no_batch_in_an_epoch_still_ends_it(tiny_exp, tmp_path):
+    # as a very slow ADPSGD learner may, when the others took the epoch's 12 batches before its first one
+    exp, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "idle_epochs": [1]}, "train.epochs=2", ds="adpsgd.json")
+    assert all(isinstance(m, dict) for m in out), out
+    log = train_log(exp)
+    assert log[0]["learner_micro_steps"] == [12, 0] and sum(log[1]["learner_micro_steps"]) == 12
+
+
+def test_non_finite_weights_stop_the_consensus_naming_the_learner(tiny_exp, tmp_path):
+    # at learner 1's first batch (a fast learner 0 may take a whole epoch's batches before it gets one); its
+    # steps are skipped from then on, and it does not stop itself before the epoch's end (max_bad_steps)
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "nan_weights_at_step": 1}, "train.max_bad_steps=1000",
+                 ds="adpsgd.json")
+    assert all(isinstance(text, str) for text in out), out
+    for text in out:  # its gossip partner never merged them (checked on both sides); the average would be NaN
+        assert re.match(r"FloatingPointError: learner\(s\) \[1\] hold non-finite weights at the end of epoch [12]",
+                        text), text
 
 
 def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):

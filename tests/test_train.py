@@ -13,9 +13,18 @@ from tests.conftest import REPO, TINY, run_learners, train_learner, train_log
 pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
-def train_run(exp, *extra):
+def train_run(exp, *extra, learner=train_learner):
     argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / "sync.json"), *TINY, *extra]
-    return run_learners(train_learner, 2, argv)
+    return run_learners(learner, 2, argv)
+
+
+def learner_on_another_disk(rank: int, world: int, argv: list[str]) -> dict:
+    """Learner 1 as on another host: its disk holds none of learner 0's checkpoints."""
+    from recipe.lib.experiment import Experiment
+
+    if rank != 0:
+        Experiment.checkpoints = lambda self: []
+    return train_learner(rank, world, argv)
 
 
 def log_without_times(exp):
@@ -30,7 +39,7 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
     metrics, _ = train_run(straight, "train.epochs=2")
     train_run(resumed, "train.epochs=1")
     assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-001.pt"]
-    train_run(resumed, "train.epochs=2", "--resume")
+    train_run(resumed, "train.epochs=2", "--resume", learner=learner_on_another_disk)  # learner 0 shares it
 
     a = torch.load(straight / "checkpoints" / "epoch-002.pt", weights_only=True)
     b = torch.load(resumed / "checkpoints" / "epoch-002.pt", weights_only=True)
