@@ -23,6 +23,8 @@ ds_config=ds_configs/sync.json
 learners=2
 nodes=1
 hostfile=
+node_rank=
+master_addr=
 exp=exp/sync
 train_dir=
 test_dir=
@@ -44,6 +46,10 @@ Options:
   --nodes M          split the learners on this machine into M emulated nodes (HYBRID on one machine)
   --hostfile FILE    multi-node: DeepSpeed hostfile ("host slots=N" lines); the launcher starts the learners
                      on every host (passwordless ssh, same path on every host); --learners is then ignored
+  --node-rank K      multi-node without ssh (SLURM, Kubernetes): run this on every node, K = its line in the
+                     hostfile (0 first); each node prepares its own data (stages 1-2) and starts its own learners;
+                     node 0 also decodes and reports (stages 4-5: its disk holds the checkpoints)
+  --master-addr HOST with --node-rank: the address of node 0, where learner 0 serves the rendezvous
   --exp DIR          experiment folder (default $exp); corpora and feature caches go to its parent folder
   --train-dir DIR    your own Kaldi-style data dir for training (wav.scp, text, [utt2spk], [segments])
   --test-dir DIR     your own Kaldi-style held-out data dir
@@ -67,6 +73,8 @@ while [ $# -gt 0 ]; do
     --learners) learners=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
+    --node-rank) node_rank=$2; shift 2 ;;
+    --master-addr) master_addr=$2; shift 2 ;;
     --exp) exp=$2; shift 2 ;;
     --train-dir) train_dir=$2; shift 2 ;;
     --test-dir) test_dir=$2; shift 2 ;;
@@ -80,6 +88,9 @@ done
 if [ -n "$train_dir$test_dir" ]; then
   if [ -z "$train_dir" ] || [ -z "$test_dir" ]; then echo "run.sh: give both --train-dir and --test-dir" >&2; exit 2; fi
   overrides=(data.corpus=kaldi "data.train_dir=$(realpath "$train_dir")" "data.test_dir=$(realpath "$test_dir")" ${overrides[@]+"${overrides[@]}"})
+fi
+if [ -n "$node_rank$master_addr" ] && { [ -z "$node_rank" ] || [ -z "$master_addr" ] || [ -z "$hostfile" ]; }; then
+  echo "run.sh: --node-rank and --master-addr go together, with --hostfile" >&2; exit 2
 fi
 for f in "$conf" "$ds_config" ${hostfile:+"$hostfile"}; do
   [ -f "$f" ] || { echo "run.sh: file not found: $f" >&2; exit 2; }
@@ -124,6 +135,7 @@ setup() {
 train() {
   local launch=("$venv/bin/deepspeed" --master_port "$master_port")
   if [ -n "$hostfile" ]; then launch+=(--hostfile "$hostfile"); else launch+=(--num_gpus "$learners"); fi
+  if [ -n "$node_rank" ]; then launch+=(--no_ssh --node_rank "$node_rank" --master_addr "$master_addr"); fi
   local args=(--module recipe.train --exp "$exp" --ds-config "$ds_config" --nodes "$nodes" "${conf_args[@]}")
   if [ "$resume" = true ]; then args+=(--resume); fi
   "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
@@ -135,8 +147,11 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
 fi
 [ -x "$py" ] || { echo "run.sh: no virtual environment in $venv; run stage 0 first" >&2; exit 2; }
 if [ -n "$hostfile" ]; then  # learners in all: the slots of every host; the real nodes are the hosts
-  world=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) {sub("slots=", "", $i); n += $i}} END {print n + 0}' "$hostfile")
-  check_nodes=$(grep -c 'slots=' "$hostfile")
+  hosts=$("$py" -c 'import sys
+from deepspeed.launcher.runner import fetch_hostfile  # read as the launcher reads it: comments, blank lines
+hosts = fetch_hostfile(sys.argv[1])
+print(sum(hosts.values()), len(hosts))' "$hostfile" | tail -n 1)
+  read -r world check_nodes <<< "$hosts"
 else
   world=$learners
   check_nodes=$nodes
@@ -147,6 +162,9 @@ fi
 run_stage 1 "prepare data" "$py" -m recipe.prepare data --exp "$exp" "${conf_args[@]}"
 run_stage 2 "features" "$py" -m recipe.prepare features --exp "$exp" "${conf_args[@]}"
 run_stage 3 "train" train
+if [ "${node_rank:-0}" != 0 ]; then  # learner 0's node holds the checkpoints: it decodes and reports
+  echo "== stages 4-5 run on node 0 (this is node $node_rank)"; exit 0
+fi
 run_stage 4 "evaluate" "$py" -m recipe.evaluate --exp "$exp"
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then  # the report is cheap: always redrawn
   "$py" -m recipe.report --exp "$exp"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
 
 from comm import ProcessLayout, build_strategy, init_distributed
 from comm.layout import LayoutError
-from tests.conftest import REPO, TINY, run_learners, run_recipe, train_log
+from tests.conftest import REPO, TINY, free_port, run_learners, run_recipe, train_log
 
 
 def test_layouts_are_validated_with_every_factor():
@@ -97,3 +98,27 @@ def test_emulated_link_figures():
     assert EmulatedLink({}).transfer_seconds(1e12) == 0.0 and not EmulatedLink({}).enabled
     with pytest.raises(ValueError, match=r"\"comm.link\" options \['bandwidth'\] are unknown"):
         build_strategy({"strategy": "sync", "link": {"bandwidth": 1}}, ProcessLayout())
+
+
+@pytest.mark.slow
+def test_one_launcher_per_node_without_ssh(tmp_path):
+    """As SLURM's srun or Kubernetes start them: run.sh --node-rank K on each node, a two-host hostfile (here two
+    names for this machine), each node with a disk of its own. The node layout comes from the launchers."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# one line per node\nlocalhost slots=2\n\n127.0.0.1 slots=2\n# 10.0.0.9 slots=2\n")
+    exps = [tmp_path / f"node{k}" / "exp" for k in (0, 1)]
+    for exp in exps:  # each node prepares its own data
+        out = run_recipe("--stage", "1", "--stop-stage", "2", "--exp", str(exp), *TINY)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    common = ["--stage", "3", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1", "--master-port",
+              str(free_port()), "--ds-config", str(REPO / "ds_configs" / "hybrid.json"), *TINY, "train.epochs=2"]
+    nodes = [subprocess.Popen([str(REPO / "run.sh"), *common, "--exp", str(exp), "--node-rank", str(k)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k, exp in enumerate(exps)]
+    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    metrics = json.loads((exps[0] / "metrics.json").read_text())
+    assert (metrics["strategy"], metrics["learners"], metrics["nodes"]) == ("hybrid", 4, 2)
+    assert metrics["node_batch"] == 2 * metrics["micro_batch"] and metrics["global_batch"] == 4 * metrics["micro_batch"]
+    assert all(r["gossip_rounds"] > 0 for r in train_log(exps[0]))
+    assert (exps[0] / "decode" / "scores.json").is_file()  # node 0 decodes; node 1 has no checkpoint to
+    assert not (exps[1] / "checkpoints").exists() and "stages 4-5 run on node 0" in outs[1]
