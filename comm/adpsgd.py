@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from comm.base import Strategy
-from comm.distributed import ProcessGroups, store
+from comm.distributed import ProcessGroups, collective_timeout, store
 from comm.gossip import EXCHANGE_DTYPES, GossipStats, GossipThread, flatten
 from comm.membership import Membership
 from comm.topology import PairingSchedule
@@ -141,10 +141,14 @@ class ADPSGDStrategy(Strategy):
                                     link=self.link,
                                     crosses_boundary=lambda peer: peer // local != self.layout.node_rank,
                                     lost_peers=set(self.members.lost),
-                                    confirm_lost=self._confirm_lost if self.members.goes_on else None).start()
+                                    confirm_lost=self._confirm_lost if self.members.goes_on else None,
+                                    watch_peer=self._watch_peer if self.members.goes_on else None).start()
 
     def _confirm_lost(self, peer: int) -> bool:
         return self.heartbeat.confirm_lost(peer, self.conf["lost_after_s"])
+
+    def _watch_peer(self, peer: int):
+        return self.heartbeat.watch_peer(peer, self.conf["lost_after_s"])
 
     def _check_in(self) -> None:
         """At an epoch's end, before its collectives: agree on the learners still running (comm/health.py)
@@ -178,8 +182,8 @@ class ADPSGDStrategy(Strategy):
         if epoch_end:
             self._check_in()
         last = int(self.members.reduce(torch.tensor([started], dtype=torch.int64), op=dist.ReduceOp.MAX))
-        if self._thread is not None:
-            self._thread.stop(last)
+        if self._thread is not None:  # every round's peer answers or is found gone: a bound, never a hang
+            self._thread.stop(last, timeout=collective_timeout().total_seconds())
         self._merge()
         self.rounds = last
         if self._thread is not None:

@@ -41,6 +41,10 @@ class GossipProtocolError(RuntimeError):
     pass
 
 
+class PeerGone(Exception):
+    """The peer of a waiting exchange is gone (its heartbeat stood still): the round is skipped."""
+
+
 @dataclass
 class GossipStats:
     """What a learner's gossip did; adds up over threads (one per epoch)."""
@@ -55,6 +59,34 @@ class GossipStats:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
+
+
+def _watched(exchange: Callable[[], None], gone: Callable[[], bool] | None, peer: int,
+             check_every_s: float = 0.5) -> None:
+    """Run an exchange, asking gone() now and then whether the peer is still there. A blocked gloo wait cannot
+    be interrupted, so the exchange runs in a thread of its own, left behind (blocked on a peer dropped for
+    good, whose pair is never used again) when the peer is gone."""
+    if gone is None:
+        exchange()
+        return
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            exchange()
+        except BaseException as err:  # raised below, on the gossip thread
+            failed.append(err)
+
+    thread = threading.Thread(target=run, name="gossip-exchange", daemon=True)
+    thread.start()
+    while True:
+        thread.join(check_every_s)
+        if not thread.is_alive():
+            break
+        if gone():
+            raise PeerGone(peer)
+    if failed:
+        raise failed[0]
 
 
 def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -76,13 +108,15 @@ class GossipThread:
     def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int], group,
                  step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0,
                  link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True,
-                 lost_peers: set[int] | None = None, confirm_lost: Callable[[int], bool] | None = None):
+                 lost_peers: set[int] | None = None, confirm_lost: Callable[[int], bool] | None = None,
+                 watch_peer: Callable[[int], Callable[[], bool]] | None = None):
         """peer_of_round(r) -> the global rank to exchange with in round r. period: optimizer steps between
         the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link; an
         exchange with a peer for which crosses_boundary(peer) is true lasts at least as long as on it.
         lost_peers: peers known to be gone (their rounds are skipped); confirm_lost(peer), after an exchange
         failed: True if the peer is gone for good, so the run goes on without it (None: every failure is
-        an error)."""
+        an error). watch_peer(peer) -> gone(), asked while an exchange waits on the peer: True once it is gone
+        (a frozen or unreachable peer fails nothing; without it the wait lasts the group's whole timeout)."""
         self.params = params
         self.peer_of_round = peer_of_round
         self.group = group
@@ -95,6 +129,7 @@ class GossipThread:
         self.crosses_boundary = crosses_boundary
         self.lost_peers = set(lost_peers or ())
         self.confirm_lost = confirm_lost
+        self.watch_peer = watch_peer
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._taken = False  # handed to the compute thread, added by the time it calls step_done()
@@ -174,9 +209,13 @@ class GossipThread:
         outgoing = snapshot.to(self.dtype)
         incoming = torch.empty_like(outgoing)
         try:
-            self._send_receive(r, peer, outgoing, incoming)
+            gone = self.watch_peer(peer) if self.watch_peer is not None else None
+            _watched(lambda: self._send_receive(r, peer, outgoing, incoming), gone, peer)
         except GossipProtocolError:
             raise
+        except PeerGone:  # frozen or unreachable: its heartbeat stood still
+            self.lost_peers.add(peer)
+            return
         except RuntimeError:  # gloo fails the exchange at once when the peer's process is gone
             if self.confirm_lost is None or not self.confirm_lost(peer):
                 raise

@@ -117,6 +117,24 @@ class Heartbeat:
                 return False
         return True
 
+    def watch_peer(self, rank: int, stall_s: float):
+        """-> gone(): a test that does not block, asked while waiting on `rank`: True once its heartbeat has
+        stood still for stall_s (it is then dropped for good) or another learner dropped it."""
+        last = {"beat": self._beat_of(rank), "since": time.monotonic()}
+
+        def gone() -> bool:
+            if self.store.check([f"dropped/{rank}"]):
+                return True
+            beat, now = self._beat_of(rank), time.monotonic()
+            if beat != last["beat"]:
+                last.update(beat=beat, since=now)
+            elif now - last["since"] > stall_s:
+                self._drop(rank, stall_s)
+                return True
+            return False
+
+        return gone
+
     def check_in(self, tag: str, stall_s: float) -> list[int]:
         """Collective over the learners still running: check in at the agreed point `tag` (an epoch's end) and
         wait until every learner has checked in or been dropped (already dropped, or its heartbeat stood still

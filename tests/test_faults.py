@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     """Train with the recipe; the features of learner fault["rank"]'s micro batches fault["nan_steps"] (counted
     over the whole run) are NaN; at its micro batch fault["hang_at_step"] it freezes (SIGSTOP, as a learner
-    on a stalled machine) until it is killed 15 s later; after its micro batch fault["nan_weights_at_step"] its
+    on a stalled machine) until it is killed fault["frozen_s"] (15) s later; after its micro batch fault["nan_weights_at_step"] its
     weights are NaN; in fault["idle_epochs"] it gets no batch (ADPSGD). -> the metrics, or the error text."""
     import recipe.train as recipe_train
     from comm.adpsgd import ADPSGDStrategy
@@ -34,7 +34,7 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
         if here and steps[0] in fault.get("nan_steps", ()):
             batch = {**batch, "feats": torch.full_like(batch["feats"], float("nan"))}
         if here and steps[0] == fault.get("hang_at_step"):
-            subprocess.Popen(["sh", "-c", f"sleep 15; kill -KILL {os.getpid()}"])
+            subprocess.Popen(["sh", "-c", f"sleep {fault.get('frozen_s', 15)}; kill -KILL {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
         out = real_step(engine, strategy, batch)
         if here and steps[0] == fault.get("nan_weights_at_step"):
@@ -138,6 +138,18 @@ def test_non_finite_weights_stop_the_consensus_naming_the_learner(tiny_exp, tmp_
     for text in out:  # its gossip partner never merged them (checked on both sides); the average would be NaN
         assert re.match(r"FloatingPointError: learner\(s\) \[1\] hold non-finite weights at the end of epoch [12]",
                         text), text
+
+
+def test_adpsgd_goes_on_without_a_frozen_gossip_peer(tiny_exp, tmp_path, capfd):
+    # learner 2 freezes (SIGSTOP: no connection reset, as a node lost to a power cut or a partition) at its 2nd
+    # batch; its gossip partners stop waiting once its heartbeat has stood still for lost_after_s (5 s), not
+    # after the group's timeout, and the survivors finish both epochs long before it is killed (25 s)
+    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 2, "hang_at_step": 2, "frozen_s": 25}, ds="adpsgd.json")
+    assert out[2] is None and all(isinstance(m, dict) for m in out[:2] + out[3:]), out
+    log = train_log(exp)
+    assert [r["lost_learners"] for r in log] == [[2], [2]] and log[0]["gossip_rounds_skipped"] > 0
+    assert log[0]["epoch_wall_s"] < 5 + 8 and log[-1]["wall_s"] < 20, [r["epoch_wall_s"] for r in log]
+    assert "LearnerLost: learner 2 of 4 is gone (heartbeat still for 5 s)" in capfd.readouterr().err
 
 
 def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):
