@@ -95,13 +95,43 @@ def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
         offset = 0
         for p in params:
             n = p.numel()
-            p.add_(flat[offset: offset + n].view_as(p).to(p.device, p.dtype))
+            p.add_(flat[offset: offset + n].view_as(p).to(p.device, p.dtype, non_blocking=True))
             offset += n
 
 
 def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
     """A CPU copy of all params as one vector."""
     return torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in params])
+
+
+class HostStaging:
+    """The gossip thread's snapshots of the weights in host memory. On a GPU they are copied into a pinned buffer
+    on a CUDA stream of the thread's own, after the work already queued on the compute stream (the last
+    step's update): the copy runs at the link's speed and never queues the compute stream behind it. On the
+    CPU, a plain copy. Not yet run on a GPU (DESIGN.md §9.27)."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self.cuda = bool(params) and params[0].is_cuda
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=params[0].device)
+            self.host = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, pin_memory=True)
+
+    def snapshot(self) -> torch.Tensor:
+        if not self.cuda:
+            return flatten(self.params)
+        self.stream.wait_stream(torch.cuda.default_stream(self.params[0].device))
+        with torch.cuda.stream(self.stream):
+            offset = 0
+            for p in self.params:
+                self.host[offset: offset + p.numel()].copy_(p.detach().reshape(-1), non_blocking=True)
+                offset += p.numel()
+        self.stream.synchronize()
+        return self.host.clone()
+
+    def to_pinned(self, delta: torch.Tensor) -> torch.Tensor:
+        """A delta for the compute thread: pinned, so adding it copies to the device without a host stall."""
+        return delta.pin_memory() if self.cuda else delta
 
 
 class GossipThread:
@@ -130,6 +160,7 @@ class GossipThread:
         self.lost_peers = set(lost_peers or ())
         self.confirm_lost = confirm_lost
         self.watch_peer = watch_peer
+        self.staging = HostStaging(params)
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._taken = False  # handed to the compute thread, added by the time it calls step_done()
@@ -201,7 +232,7 @@ class GossipThread:
     def _exchange(self, r: int, peer: int) -> None:
         t0 = time.perf_counter()
         with self.step_lock:
-            snapshot = flatten(self.params)
+            snapshot = self.staging.snapshot()
         with self._cond:  # only this thread sets _pending, and a round starts with it None unless stopping:
             pending = self._pending
         if pending is not None:  # while stopping, rounds run on before the compute thread merges: exchange
@@ -235,7 +266,7 @@ class GossipThread:
         if not (torch.isfinite(incoming).all() and torch.isfinite(snapshot).all()):
             self.stats.merges_skipped += 1
         else:
-            delta = (incoming - snapshot).mul_(0.5)
+            delta = self.staging.to_pinned((incoming - snapshot).mul_(0.5))
             with self._cond:  # while stopping, rounds run on without the compute thread: deltas add up
                 self._pending = delta if self._pending is None else self._pending.add_(delta)
         self.stats.exchange_seconds += time.perf_counter() - t0

@@ -26,3 +26,5 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):
     assert result["train_frames_per_s"] > 0 and result["staging_ms_per_exchange"] > 0
     assert math.isfinite(result["loss_first"]) and math.isfinite(result["loss_last"])
     assert '"train_frames_per_s"' in done.stdout  # printed as well as written
+    # a gossip merge into the bf16 engine's fp32 masters survives the next step, and the module computes with it
+    assert result["merge_kept_max_error"] == 0 and result["module_vs_masters_max_error"] == 0

@@ -8,7 +8,10 @@ In one call, as a world of one learner (NCCL on CUDA; gloo where there is no GPU
      entropy on random 21-frame chunks of 260-dim input (the paper's shape; 64 chunks per micro batch from the
      JSON): loss at the start and the end, and training frames/s after warm-up;
   2. the ADPSGD gossip staging path: a snapshot of the weights to host memory and a delta added back on the
-     device, as every gossip round does (comm/gossip.py): milliseconds per exchange and GB/s.
+     device, as every gossip round does (comm/gossip.py): milliseconds per exchange and GB/s;
+  3. a gossip merge on the bf16 engine, from a simulated peer (NCCL refuses two learners on one GPU): added to
+     DeepSpeed's fp32 master weights as comm/weights.py does, it must survive the next optimizer step (at
+     learning rate 0) and be what the module computes with (DESIGN.md §9.15).
 Prints one JSON object and writes it to --out. Without a GPU the same code runs on the CPU (--size tiny keeps
 it to seconds); tests/test_gpu_check.py runs it that way so the script cannot rot between GPU loans.
 """
@@ -76,6 +79,26 @@ def staging_cost(params: list[torch.Tensor], repeats: int = 10) -> dict:
             "staging_gb_per_s": 2 * snapshot.numel() * 4 / seconds / 1e9}  # both directions
 
 
+def merge_survives_a_step(engine, dims: dict, micro: int) -> dict:
+    """A peer's delta merged into the master weights, then one optimizer step at lr 0: -> how far the masters
+    are from the merged weights (0: kept) and the module's parameters from the masters (bf16 rounding)."""
+    from comm.gossip import add_flat, flatten
+    from comm.weights import Weights
+
+    weights = Weights(engine)
+    merged = flatten(weights.masters) + 0.5
+    add_flat(weights.masters, torch.full_like(merged, 0.5))
+    weights.publish()
+    for group in engine.optimizer.param_groups:
+        group["lr"] = 0.0
+    train_throughput(engine, steps=1, warmup=0, micro=micro, dims=dims)
+    masters = flatten(weights.masters)
+    module = flatten(weights.params)
+    dtype = next(engine.module.parameters()).dtype
+    return {"merge_kept_max_error": float((masters - merged).abs().max()),
+            "module_vs_masters_max_error": float((module - masters.to(dtype).float()).abs().max())}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", choices=sorted(SIZES), default="paper")
@@ -113,7 +136,8 @@ def main(argv=None) -> int:
               "size": a.size, "params": count_parameters(engine.module),
               "dtype": str(next(engine.module.parameters()).dtype),
               **train_throughput(engine, a.steps, a.warmup, engine_conf["train_micro_batch_size_per_gpu"], dims),
-              **staging_cost(list(engine.module.parameters()))}
+              **staging_cost(list(engine.module.parameters())),
+              **merge_survives_a_step(engine, dims, engine_conf["train_micro_batch_size_per_gpu"])}
     if torch.cuda.is_available():
         result["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
     print(json.dumps(result, indent=1))
