@@ -29,6 +29,7 @@ exp=exp/sync
 train_dir=
 test_dir=
 resume=false
+freeze=false
 master_port=29500
 python=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
@@ -54,6 +55,7 @@ Options:
   --train-dir DIR    your own Kaldi-style data dir for training (wav.scp, text, [utt2spk], [segments])
   --test-dir DIR     your own Kaldi-style held-out data dir
   --resume           stage 3 continues from the latest checkpoint in EXP/checkpoints
+  --freeze           write constraints.txt from .venv (every installed version, as tested) and exit
   --master-port P    rendezvous port for the learners (default $master_port)
   -h, --help         this help
   key=value          overrides of the YAML, e.g. train.epochs=20 model.hidden=512 features.cmvn=global
@@ -79,6 +81,7 @@ while [ $# -gt 0 ]; do
     --train-dir) train_dir=$2; shift 2 ;;
     --test-dir) test_dir=$2; shift 2 ;;
     --resume) resume=true; shift ;;
+    --freeze) freeze=true; shift ;;
     --master-port) master_port=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
@@ -119,14 +122,15 @@ run_stage() {
 }
 
 setup() {
-  # Keyed on requirements.txt and pyproject.toml, so a changed pin reinstalls; the venv is shared by every experiment.
-  local key; key=$(cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+  # Keyed on requirements.txt, constraints.txt and pyproject.toml, so a changed pin reinstalls; the venv is shared by every experiment.
+  local key; key=$(cat requirements.txt constraints.txt pyproject.toml | sha1sum | cut -c1-12)
   if [ -f "$venv/.setup-$key" ]; then echo "virtual environment $venv is up to date"; return 0; fi
   [ -x "$py" ] || "$python" -m venv "$venv"
   "$py" -m pip install -q --upgrade pip
   # torch first and alone: the pinned CPU build comes from the local wheel cache on our machines
   "$py" -m pip install -q torch==2.13.0
-  "$py" -m pip install -q -r requirements.txt
+  # every transitive version as tested (constraints.txt; ./run.sh --freeze rewrites it from .venv)
+  "$py" -m pip install -q -r requirements.txt -c constraints.txt
   # the recipe itself (recipe, model, comm), editable: imports work from any folder, no sys.path edits
   "$py" -m pip install -q --no-deps --no-build-isolation -e .
   touch "$venv/.setup-$key"
@@ -141,6 +145,10 @@ train() {
   "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
 }
 
+if [ "$freeze" = true ]; then  # after changing requirements.txt and running the tests in the new .venv
+  { sed -n '/^#/p' constraints.txt; "$py" -m pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.txt.new
+  mv constraints.txt.new constraints.txt; echo "constraints.txt: $(grep -vc '^#' constraints.txt) packages"; exit 0
+fi
 # stage 0 always checks the venv (cheaply), so later stages never run without it
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "== stage 0 (setup): $(date '+%F %T')"; setup 2>&1 | tee "$exp/log/stage-0.log"

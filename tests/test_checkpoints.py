@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from recipe.lib.experiment import Experiment, average_weights
+from recipe.lib.experiment import Experiment, average_weights, close_to_the_best
 
 
 def state(epoch: int) -> dict:
@@ -84,3 +84,19 @@ def test_averaging_takes_the_element_wise_mean_of_float_weights_and_the_last_cou
     half = average_weights([{"w": torch.tensor([1.0], dtype=torch.bfloat16)}, {"w": torch.tensor([2.0],
                                                                                 dtype=torch.bfloat16)}])
     assert half["w"].dtype == torch.bfloat16 and float(half["w"]) == 1.5  # summed in float64, stored as saved
+
+
+def test_only_checkpoints_close_to_the_best_held_out_loss_are_averaged():
+    def checkpoint(loss):
+        return {"train_state": {"history": [{"heldout_loss": loss}]}} if loss is not None else {}
+
+    def losses(chosen):
+        return [c.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss") for c in chosen]
+
+    # the built-in corpus's last 3 epochs: still falling fast, so only the last is taken
+    assert losses(close_to_the_best([checkpoint(x) for x in (0.0871, 0.0248, 0.0095)], 0.5)) == [0.0095]
+    # a plateau (a small corpus late in training): all are averaged
+    plateau = [checkpoint(x) for x in (0.31, 0.29, 0.30)]
+    assert losses(close_to_the_best(plateau, 0.1)) == [0.31, 0.29, 0.30]
+    # the best may be an earlier epoch (the last one overfit); a checkpoint without a recorded loss is kept
+    assert losses(close_to_the_best([checkpoint(x) for x in (0.2, 0.5, None)], 0.1)) == [0.2, None]

@@ -131,18 +131,32 @@ class Experiment:
         state["path"] = str(path)
         return state
 
-    def load_model(self, path: str | Path | None = None, average_last: int = 1) -> tuple[LSTMAcousticModel, dict]:
+    def load_model(self, path: str | Path | None = None, average_last: int = 1,
+                   within: float | None = None) -> tuple[LSTMAcousticModel, dict]:
         """The model of a checkpoint (default: the latest), or the average of the last `average_last` epochs'
         weights, or of all there are if fewer (icefall's and ESPnet's practice: it smooths the epoch-to-epoch
-        swings of a small corpus)."""
+        swings of a small corpus). within: only the checkpoints whose held-out loss is at most (1 + within) x
+        the best of them are averaged; an epoch still far from the others (training not converged yet) would
+        pull the average off (None: all of them)."""
         state = self.load_checkpoint(path)
         model = self.build_model(self.input_dim)
-        found = self.checkpoints()[-average_last:]
-        if path is None and len(found) > 1:
-            state["model"] = average_weights([self.load_checkpoint(p)["model"] for p in found])
-            state["averaged"] = [p.name for p in found]
+        if path is None and average_last > 1:
+            found = [self.load_checkpoint(p) for p in self.checkpoints()[-average_last:]]
+            chosen = close_to_the_best(found, within) if within is not None else found
+            state = chosen[-1]  # the latest of them: its path and epoch describe the model
+            if len(chosen) > 1:
+                state["model"] = average_weights([s["model"] for s in chosen])
+                state["averaged"] = [Path(s["path"]).name for s in chosen]
         model.load_state_dict(state["model"])
         return model, state
+
+
+def close_to_the_best(checkpoints: list[dict], within: float) -> list[dict]:
+    """The checkpoints whose epoch's held-out loss (from the training state they carry) is at most (1 + within)
+    x the lowest of them; one without a recorded loss is kept."""
+    losses = [c.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss") for c in checkpoints]
+    best = min((loss for loss in losses if loss is not None), default=None)
+    return [c for c, loss in zip(checkpoints, losses) if best is None or loss is None or loss <= (1 + within) * best]
 
 
 def build_model(model_conf, input_dim: int, output_dim: int) -> LSTMAcousticModel:
