@@ -67,6 +67,11 @@ def summary_rows(exp: Path, m: dict, history: list[dict], scores) -> list[tuple[
         how = f"beam {s['decode']['beam']}, LM order {s['decode']['lm_order']}" if s["decode"]["beam"] else "greedy"
         rows.append(("decode stage CER / WER", f"{100 * s['cer']:.2f}% / {100 * s['wer']:.2f}% ({how})"))
         rows.append(("  greedy, same weights", f"{100 * s['greedy_cer']:.2f}% / {100 * s['greedy_wer']:.2f}%"))
+        if "word_errors" in s:  # scores.json files of before errs.txt lack the breakdown
+            sdi = "  ".join(f"{unit} {e['substitutions']} / {e['deletions']} / {e['insertions']}"
+                            for unit, e in (("chars", s["char_errors"]), ("words", s["word_errors"])))
+            rows.append(("  substitutions / deletions / insertions", sdi))
+            rows.append(("  each utterance aligned, worst first", str(decoded.parent / "errs.txt")))
     if s and s["averaged"]:
         rows.append(("  weights averaged over", ", ".join(s["averaged"])))
     prep = exp / "data" / "prep.json"
@@ -106,6 +111,8 @@ def main(argv=None) -> int:
     for key, value in summary_rows(exp, m, history, scores):
         summary.add_row(key, str(value))
     console.print(summary)
+    if m.get("warning"):  # the run ended without learning (recipe/train.py no_learning): never a silent table
+        console.print(f"[bold red]WARNING: {m['warning']}[/bold red]")
     if history:
         plot(history, exp / "report.png", f"{m['strategy'].upper()}: {m['learners']} learners, global batch "
                                           f"{m['global_batch']}")

@@ -113,6 +113,19 @@ class EpochTotals:
         return self.loss_sum / max(self.finite_losses, 1)
 
 
+def no_learning(record: dict, updates: int) -> str | None:
+    """What to tell the user when the held-out output is (nearly) all blank or the CER above 90%: CTC's all-blank
+    plateau, which a small corpus or a large batch may not leave in the updates it gets; None when all is well."""
+    empty, cer = record.get("empty_output", 0.0), record.get("cer", 0.0)
+    if empty < 0.9 and cer <= 0.9:
+        return None
+    what = f"{100 * empty:.0f}% of the held-out outputs are empty (CTC's all-blank plateau)" if empty >= 0.9 else \
+        f"the held-out CER is {100 * cer:.1f}%"
+    return (f"no learning yet after epoch {record['epoch']} ({updates} optimizer updates): {what}. Try more updates "
+            f"(train.epochs, or a smaller train_micro_batch_size_per_gpu in the JSON: more updates an epoch), a lower "
+            f"model.stack, and check the transcripts against EXP/data/tokens.txt")
+
+
 class Trainer:
     def __init__(self, args):
         self.args = args
@@ -285,12 +298,16 @@ class Trainer:
         log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", record["epoch"],
                  record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"],
                  record["epoch_wall_s"])
+        warning = no_learning(record, record["epoch"] * self.steps_per_epoch)
+        if warning and record["epoch"] > self.conf.optim.warmup_epochs:  # during the warm-up, no news
+            log.warning("%s", warning)
         if record.get("lost_learners"):
             log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
                         len(self.strategy.members.live), self.layout.world_size)
 
     def metrics(self) -> dict:
         last, engine_conf = self.state.history[-1], self.engine_conf
+        warning = no_learning(last, self.state.epoch * self.steps_per_epoch)  # the run ended on the plateau
         return {"strategy": self.strategy.name, "learners": self.layout.world_size, "nodes": self.layout.nodes,
                 "micro_batch": self.micro, "gradient_accumulation_steps": self.accum,
                 "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.conf.train.epochs,
@@ -302,7 +319,8 @@ class Trainer:
                 "skipped": {"train": dict(self.train_set.skipped), "test": dict(self.test_set.skipped)},
                 **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
                 "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
-                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32"}
+                             "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32",
+                **({"warning": warning} if warning else {})}
 
 
 def check_launch(args) -> int:

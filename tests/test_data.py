@@ -165,3 +165,91 @@ def test_characters_outside_the_token_set(tmp_path):
         check_tokens(test, tokens, tmp_path / "te" / "data" / "text")
     write_tokens(tokens, tmp_path / "tokens.txt")
     assert read_tokens(tmp_path / "tokens.txt") == tokens
+
+
+def test_tables_split_the_key_off_at_the_first_run_of_whitespace_as_kaldi_does(tmp_path):
+    """Kaldi's SplitStringOnFirstSpace: a tab separates the key as a space does, the rest is stripped; only ASCII
+    whitespace counts, and only a newline ends a line."""
+    from recipe.lib.tables import read_table
+
+    d = make_dir(tmp_path, {"s1-a": "x", "s1-b": "x"})
+    wav = tmp_path / "wav"
+    (d / "wav.scp").write_text(f"s1-a\t{wav}/s1-a.wav\ns1-b \t {wav}/s1-b.wav\t\r\n")
+    (d / "text").write_text("s1-a\thello world\ns1-b\t\tcaf\u00e9\u00a0au lait\u2028noir  \n")
+    (d / "utt2spk").write_text("s1-a\ts1\ns1-b   s1\n")
+    utts, skipped = load_data_dir(d)
+    assert not skipped and [(u.utt, u.speaker, u.text) for u in utts] == [
+        ("s1-a", "s1", "hello world"), ("s1-b", "s1", "caf\u00e9 au lait noir")]  # the transcript's own cleanup
+    table = read_table(d / "text")
+    assert table["s1-b"] == ("caf\u00e9\u00a0au lait\u2028noir", 2)  # a no-break space is no separator for Kaldi
+    assert read_table(d / "wav.scp")["s1-b"] == (f"{wav}/s1-b.wav", 2)
+    (d / "text").write_text("s1-a\thello\n\ns1-a world\n")
+    with pytest.raises(DataError, match=r"text:3: duplicate id 's1-a' \(first on line 1\)"):
+        load_data_dir(d)
+
+
+def kaldi_validate(d) -> dict[str, dict[str, str]]:
+    """The checks Kaldi's utils/validate_data_dir.sh makes on a data dir's tables (-> the tables): each file's
+    keys unique and sorted in the C locale (Python's own string order), spk2utt and utt2spk each other's
+    inverse both ways (utt2spk_to_spk2utt.pl and spk2utt_to_utt2spk.pl), text, utt2spk, utt2dur and segments
+    (else wav.scp, else feats.scp) over the same utterances, every segment's recording in wav.scp, durations
+    positive."""
+    tables = {}
+    for name in ("text", "utt2spk", "spk2utt", "utt2dur", "wav.scp", "segments", "feats.scp"):
+        if (d / name).is_file():
+            lines = (d / name).read_text().splitlines()
+            keys = [line.split(" ", 1)[0] for line in lines]
+            assert keys == sorted(set(keys)), f"{name}: keys not sorted and unique"
+            tables[name] = dict(line.split(" ", 1) for line in lines)
+    utt2spk = tables["utt2spk"]
+    inverted: dict[str, list[str]] = {}
+    for utt, spk in utt2spk.items():
+        inverted.setdefault(spk, []).append(utt)
+    assert tables["spk2utt"] == {spk: " ".join(utts) for spk, utts in inverted.items()}
+    assert [(utt, spk) for spk in tables["spk2utt"] for utt in tables["spk2utt"][spk].split()] == list(utt2spk.items())
+    audio = next(tables[name] for name in ("segments", "wav.scp", "feats.scp") if name in tables)
+    assert set(tables["text"]) == set(utt2spk) == set(tables["utt2dur"]) == set(audio)
+    if "segments" in tables:
+        assert {entry.split()[0] for entry in tables["segments"].values()} <= set(tables["wav.scp"])
+    assert all(float(seconds) > 0 for seconds in tables["utt2dur"].values())
+    return tables
+
+
+def test_written_dirs_have_spk2utt_and_utt2dur_and_pass_kaldi_validation(tmp_path):
+    from dataclasses import replace
+
+    d = make_dir(tmp_path, {"s1-a": "one", "s1-b": "two", "S2-a": "three", "s1_c": "four"}, seconds=1.0)
+    (d / "utt2spk").write_text("s1-a s1\ns1-b s1\nS2-a S2\ns1_c s1_c\n")
+    utts, _ = load_data_dir(d)
+    write_data_dir(list(reversed(utts)), tmp_path / "whole")  # sorted when written, whatever the order given
+    tables = kaldi_validate(tmp_path / "whole")
+    assert list(tables["spk2utt"].items()) == [("S2", "S2-a"), ("s1", "s1-a s1-b"), ("s1_c", "s1_c")]
+    assert tables["utt2dur"] == dict.fromkeys(["S2-a", "s1-a", "s1-b", "s1_c"], "1")
+    # what callers that did not measure the audio give (recipe/lib/corpora.py): a file, a pipe, a sped-up copy
+    fresh = [replace(utts[0], seconds=None), replace(utts[1], seconds=None, audio=f"cat {utts[1].audio} |"),
+             replace(utts[2], seconds=None, utt="s1-f", speed=1.25)]
+    write_data_dir(fresh, tmp_path / "fresh")
+    assert kaldi_validate(tmp_path / "fresh")["utt2dur"] == {"S2-a": "1", "s1-a": "1", "s1-f": "0.8"}
+
+
+def test_written_segments_and_kaldi_features_have_utt2dur(tmp_path):
+    import kaldiio
+
+    d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
+    (d / "segments").write_text("sw-u1 rec1 0.0 1.0\nsw-u2 rec1 1.5 -1\n")
+    (d / "text").write_text("sw-u1 one\nsw-u2 two\n")
+    (d / "utt2spk").write_text("sw-u1 sw\nsw-u2 sw\n")
+    utts, _ = load_data_dir(d)
+    write_data_dir(utts, tmp_path / "segmented")
+    tables = kaldi_validate(tmp_path / "segmented")
+    assert tables["utt2dur"] == {"sw-u1": "1", "sw-u2": "1.5"} and tables["spk2utt"] == {"sw": "sw-u1 sw-u2"}
+    k = tmp_path / "kaldi"
+    k.mkdir()
+    feats = {"s-a": np.zeros((37, 3), np.float32), "s-b": np.zeros((120, 3), np.float32)}
+    kaldiio.save_ark(str(k / "feats.ark"), feats, scp=str(k / "feats.scp"))
+    (k / "text").write_text("s-a one\ns-b two\n")
+    utts, _ = load_data_dir(k)
+    write_data_dir(utts, tmp_path / "segmented")  # over the audio dir written before: none of its files stay
+    tables = kaldi_validate(tmp_path / "segmented")
+    assert tables["utt2dur"] == {"s-a": "0.37", "s-b": "1.2"}  # frames x 10 ms, as Kaldi's get_utt2dur.sh counts
+    assert not (tmp_path / "segmented" / "wav.scp").exists() and not (tmp_path / "segmented" / "segments").exists()

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
-    """Train with the recipe; the features of learner fault["rank"]'s micro batches fault["nan_steps"] (counted
-    over the whole run) are NaN; at its micro batch fault["hang_at_step"] it freezes (SIGSTOP, as a learner
-    on a stalled machine) until it is killed fault["frozen_s"] (15) s later; after its micro batch fault["nan_weights_at_step"] its
-    weights are NaN; in fault["idle_epochs"] it gets no batch (ADPSGD). -> the metrics, or the error text."""
+    """Train with the recipe, learner fault["rank"] faulty -> the metrics, or the error text. Its micro batches
+    fault["nan_steps"] (counted over the whole run) have NaN features; at its micro batch fault["hang_at_step"] it
+    freezes (SIGSTOP, as a learner on a stalled machine) until it is killed fault["frozen_s"] (15) s later; after
+    its micro batch fault["nan_weights_at_step"] its weights are NaN; in fault["idle_epochs"] it gets no batch."""
     import recipe.train as recipe_train
     from comm.adpsgd import ADPSGDStrategy
 

@@ -112,8 +112,9 @@ def test_one_launcher_per_node_without_ssh(tmp_path):
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     common = ["--stage", "3", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1", "--master-port",
               str(free_port()), "--ds-config", str(REPO / "ds_configs" / "hybrid.json"), *TINY, "train.epochs=2"]
-    nodes = [subprocess.Popen([str(REPO / "run.sh"), *common, "--exp", str(exp), "--node-rank", str(k)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k, exp in enumerate(exps)]
+    nodes = [subprocess.Popen([str(REPO / "run.sh"), *common, "--exp", str(exp), "--node-rank", str(k)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for k, exp in enumerate(exps)]
     outs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     metrics = json.loads((exps[0] / "metrics.json").read_text())

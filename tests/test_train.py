@@ -52,3 +52,16 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
         assert key in metrics, key
     assert metrics["strategy"] == "sync" and metrics["learners"] == 2 and metrics["global_batch"] == 16
     assert json.loads((straight / "metrics.json").read_text())["cer"] == metrics["cer"]
+    assert "warning" not in metrics  # it learned
+
+
+def test_a_run_that_does_not_learn_says_so(tiny_exp, tmp_path, capsys):
+    """A learning rate too small to leave CTC's all-blank plateau: the log, metrics.json and the report say so."""
+    from recipe.report import main as report
+
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_exp, exp)
+    metrics, _ = train_run(exp, "optim.lr=1e-7", "train.epochs=2")
+    assert metrics["warning"].startswith("no learning yet after epoch 2 (12 optimizer updates): the held-out CER is")
+    assert "Try more updates (train.epochs" in metrics["warning"] and train_log(exp)[-1]["cer"] > 0.9
+    assert report(["--exp", str(exp)]) == 0 and "WARNING: no learning yet after epoch 2" in capsys.readouterr().out

@@ -121,7 +121,9 @@ class TrainConf:
 @dataclass
 class DecodeConf:
     """The decode stage (recipe/evaluate.py); the per-epoch held-out scores during training stay greedy."""
-    average_last: int = 3  # average the weights of the last N epoch checkpoints (1: the last alone)
+    average_last: int = 3  # average the weights of the last N epoch checkpoints (1: the last alone) ...
+    # ... those of them whose held-out loss is at most (1 + average_within) x the best of them (null: all)
+    average_within: Optional[float] = None
     beam: int = 8  # CTC prefix beam search of this width (recipe/lib/decode.py); 0 = greedy
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
@@ -188,6 +190,8 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.layers", "model.hidden", "model.stack", "train.epochs", "features.n_mels", "optim.base_batch"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.decode.average_within is not None and not cfg.decode.average_within >= 0:
+        raise ConfigError(f"decode.average_within={cfg.decode.average_within} must be >= 0 (or null: no filter)")
     if not 1 <= cfg.decode.average_last <= cfg.train.keep_checkpoints:
         raise ConfigError(f"decode.average_last={cfg.decode.average_last} must be in [1, train.keep_checkpoints="
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import soundfile
 
-from recipe.lib.kaldi_io import pipe_command, read_pipe_audio
+from recipe.lib.kaldi_io import FeatsScp, pipe_command, read_pipe_audio
 from recipe.lib.tables import DataError, absolute_rxfilename, read_table
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class Utterance:
     end: Optional[float] = None  # None: to the end of the file
     speed: float = 1.0  # speed perturbation factor applied when the audio is loaded (recipe/lib/augment.py)
     feats: Optional[str] = None  # Kaldi features (feats.scp's `ark:offset`): used instead of the audio
+    # Length before speed perturbation, where the reader measured it (load_data_dir runs every pipe command once
+    # for it), so that writing utt2dur need not run them again. Not part of what the utterance is: compare=False.
+    seconds: Optional[float] = field(default=None, compare=False)
 
 
 def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
@@ -59,7 +62,7 @@ def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
     recordings = {rec: _audio_path(d / "wav.scp", lineno, rec, entry) for rec, (entry, lineno) in wav_scp.items()}
     with ThreadPoolExecutor(8) as pool:  # pipe commands run to learn their length: several at once
         durations = dict(zip(recordings, pool.map(
-            lambda rec: skips.checked("unreadable_audio", _duration, d / "wav.scp", wav_scp[rec][1], rec,
+            lambda rec: skips.checked("unreadable_audio", _duration, f"{d / 'wav.scp'}:{wav_scp[rec][1]}: {rec}",
                                       recordings[rec]), recordings)))
     durations = {rec: seconds for rec, seconds in durations.items() if seconds is not None}
     if (d / "segments").is_file():
@@ -73,7 +76,8 @@ def load_data_dir(data_dir: str | Path, max_seconds: float = float("inf"),
         if seconds is not None:
             rec, start, end = audio[utt]
             speaker = utt2spk[utt][0] if utt in utt2spk else utt
-            utts.append(Utterance(utt, speaker, recordings[rec], " ".join(text[utt][0].split()), start, end))
+            utts.append(Utterance(utt, speaker, recordings[rec], " ".join(text[utt][0].split()), start, end,
+                                  seconds=seconds))
     if not utts:
         raise DataError(f"{d}: no usable utterances ({dict(+skips.counts) or 'empty wav.scp/text'})")
     return utts, +skips.counts
@@ -174,15 +178,16 @@ def _audio_path(scp: Path, lineno: int, rec: str, entry: str) -> str:
     return str(path.resolve())
 
 
-def _duration(scp: Path, lineno: int, rec: str, path: str) -> float:
+def _duration(where: str, path: str) -> float:
+    """Seconds of audio in a file or a pipe command's output; where: `file:line: recording`, for errors."""
     command = pipe_command(path)
     if command is not None:  # a failing command stops the run here, before any feature is extracted
-        samples, rate = read_pipe_audio(command, f"{scp}:{lineno}: {rec}")
+        samples, rate = read_pipe_audio(command, where)
         return len(samples) / rate
     try:
         info = soundfile.info(path)
     except Exception as err:  # libsndfile raises several types for corrupt or foreign files
-        raise DataError(f"{scp}:{lineno}: {rec}: cannot read audio {path}: {err}") from None
+        raise DataError(f"{where}: cannot read audio {path}: {err}") from None
     return info.frames / info.samplerate
 
 
@@ -204,9 +209,14 @@ def _segment(path: Path, lineno: int, utt: str, entry: str, durations: dict[str,
 
 
 def write_data_dir(utts: list[Utterance], out_dir: str | Path) -> None:
-    """Write a clean data dir: absolute audio paths, utt2spk always, segments where the input had them."""
+    """Write a clean data dir that Kaldi's utils/validate_data_dir.sh accepts: every file sorted by its key (C
+    locale: Python's own string order), absolute audio paths, utt2spk, spk2utt and utt2dur always, segments
+    where the input had them."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
+    utts = sorted(utts, key=lambda u: u.utt)
+    for stale in ("feats.scp", "wav.scp", "segments"):  # an earlier run's file left here would be read as this dir's
+        (d / stale).unlink(missing_ok=True)
     if all(u.feats for u in utts):  # Kaldi features: they stand for the audio
         (d / "feats.scp").write_text("".join(f"{u.utt} {u.feats}\n" for u in utts))
     with_segments = any(u.start > 0.0 or u.end is not None for u in utts)
@@ -221,9 +231,38 @@ def write_data_dir(utts: list[Utterance], out_dir: str | Path) -> None:
                 segments.append(f"{u.utt} {rec} {u.start:.3f} {-1 if u.end is None else round(u.end, 3)}\n")
             elif u.audio:
                 recordings[u.audio] = u.utt
-    (d / "wav.scp").write_text("".join(sorted(f"{rec} {path}\n" for path, rec in recordings.items())))
+    if recordings:  # none for Kaldi features: a wav.scp without their utterances would fail Kaldi's validation
+        (d / "wav.scp").write_text("".join(sorted(f"{rec} {path}\n" for path, rec in recordings.items())))
     if with_segments:
         (d / "segments").write_text("".join(segments))
+    spk2utt: dict[str, list[str]] = {}  # Kaldi's utils/utt2spk_to_spk2utt.pl: utterances in utt2spk's order
+    for u in utts:
+        spk2utt.setdefault(u.speaker, []).append(u.utt)
+    (d / "spk2utt").write_text("".join(f"{spk} {' '.join(spk2utt[spk])}\n" for spk in sorted(spk2utt)))
+    # %g: six significant digits, as Kaldi's wav-to-duration prints them
+    (d / "utt2dur").write_text("".join(f"{u.utt} {seconds:g}\n" for u, seconds in zip(utts, _utt_seconds(utts, d))))
+
+
+def _utt_seconds(utts: list[Utterance], d: Path) -> list[float]:
+    """Each utterance's length for utt2dur: what the reader measured, else its segment's length, else its audio
+    (a file's header; a pipe command is run once more), or for Kaldi features the frames at 10 ms, as Kaldi's
+    utils/data/get_utt2dur.sh counts them. A speed-perturbed copy lasts 1/speed as long."""
+    feats = FeatsScp(d / "feats.scp") if (d / "feats.scp").is_file() else None
+    audio_seconds: dict[str, float] = {}  # a recording that several utterances share is measured once
+    lengths = []
+    for u in utts:
+        if u.seconds is not None:
+            seconds = u.seconds
+        elif u.end is not None:
+            seconds = u.end - u.start
+        elif u.feats and feats is not None:
+            seconds = feats.num_frames(u.utt) * 0.01
+        else:
+            if u.audio not in audio_seconds:
+                audio_seconds[u.audio] = _duration(f"{d / 'utt2dur'}: {u.utt}", u.audio)
+            seconds = audio_seconds[u.audio] - u.start
+        lengths.append(seconds / u.speed)
+    return lengths
 
 
 def build_tokens(utts: list[Utterance]) -> list[str]:
