@@ -49,7 +49,7 @@ from recipe.lib.ds_config import load_ds_config
 from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
 from recipe.lib.experiment import Experiment
 from recipe.lib.progress import progress_bar
-from recipe.lib.schedule import learning_rate
+from recipe.lib.schedule import learning_rate, planned_epochs
 from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
@@ -173,6 +173,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
                              f"{self.accum} accumulations")
+        self.epochs = planned_epochs(self.conf.train, self.steps_per_epoch)
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -215,7 +216,7 @@ class Trainer:
                            TextColumn("{task.fields[fps]:>7.0f} frames/s"), TimeRemainingColumn(),
                            enabled=self.is_main)
         with bar, self.heartbeat.watch(self.where, self.strategy.members.lost_needed):
-            for epoch in range(self.state.epoch + 1, self.conf.train.epochs + 1):
+            for epoch in range(self.state.epoch + 1, self.epochs + 1):
                 self.epoch, t0 = epoch, time.perf_counter()
                 totals = self.train_one_epoch(epoch, bar)
                 stats = self.strategy.end_epoch(self.engine)  # ADPSGD/HYBRID: the consensus is part of the epoch
@@ -231,10 +232,10 @@ class Trainer:
         torch.manual_seed(self.conf.train.seed * 1_000_003 + epoch * 1009 + self.layout.rank)  # dropout masks
         self.engine.train()
         t0, totals, self.skipped.count = time.perf_counter(), EpochTotals(), 0
-        task = bar.add_task(f"epoch {epoch}/{self.conf.train.epochs}", total=self.steps_per_epoch * self.accum,
+        task = bar.add_task(f"epoch {epoch}/{self.epochs}", total=self.steps_per_epoch * self.accum,
                             loss=0.0, fps=0.0)
         for micro_step, (batch, progress) in enumerate(self.strategy.batches(self.sampler, epoch, self.accum)):
-            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch - 1 + progress)
+            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch - 1 + progress, self.epochs)
             for group in self.engine.optimizer.param_groups:
                 group["lr"] = totals.lr
             # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume
@@ -288,10 +289,10 @@ class Trainer:
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
         if self.is_main:
-            log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d params=%d "
-                     "threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes, self.global_batch,
-                     self.node_batch, self.steps_per_epoch, count_parameters(self.engine.module),
-                     torch.get_num_threads())
+            log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%d "
+                     "params=%d threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes,
+                     self.global_batch, self.node_batch, self.steps_per_epoch, self.epochs,
+                     count_parameters(self.engine.module), torch.get_num_threads())
 
     def log_epoch(self, record: dict) -> None:
         scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
@@ -310,7 +311,7 @@ class Trainer:
         warning = no_learning(last, self.state.epoch * self.steps_per_epoch)  # the run ended on the plateau
         return {"strategy": self.strategy.name, "learners": self.layout.world_size, "nodes": self.layout.nodes,
                 "micro_batch": self.micro, "gradient_accumulation_steps": self.accum,
-                "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.conf.train.epochs,
+                "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.epochs,
                 "params": count_parameters(self.engine.module), "wall_s": self.state.wall_s,
                 "train_frames_per_s": self.state.frames / max(self.state.wall_s, 1e-9),
                 "objective": self.conf.train.objective, "heldout_loss": last["heldout_loss"],

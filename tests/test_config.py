@@ -10,7 +10,7 @@ from comm import ProcessLayout, build_strategy
 from comm.layout import LayoutError
 from recipe.lib.config import ConfigError, load_config
 from recipe.lib.ds_config import load_ds_config
-from recipe.lib.schedule import learning_rate
+from recipe.lib.schedule import learning_rate, planned_epochs
 from tests.conftest import REPO
 
 
@@ -75,11 +75,23 @@ def test_layout_validation_prints_every_factor():
 def test_learning_rate_schedule():
     optim = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=1",
                                "optim.anneal_start_epoch=3", "optim.batch_scaling=linear"]).optim
-    assert learning_rate(optim, 256, 0.5) == pytest.approx(0.05)  # halfway through warm-up
-    assert learning_rate(optim, 256, 1.5) == pytest.approx(0.1)
-    assert learning_rate(optim, 1024, 1.5) == pytest.approx(0.4)  # linear scaling with the global batch
-    assert learning_rate(optim, 256, 2.5) == pytest.approx(0.1 / 2 ** 0.5)  # epoch 3: first anneal
-    assert learning_rate(optim, 256, 3.5) == pytest.approx(0.05)  # epoch 4: (1/sqrt 2)^2
+    assert learning_rate(optim, 256, 0.5, 4) == pytest.approx(0.05)  # halfway through warm-up
+    assert learning_rate(optim, 256, 1.5, 4) == pytest.approx(0.1)
+    assert learning_rate(optim, 1024, 1.5, 4) == pytest.approx(0.4)  # linear scaling with the global batch
+    assert learning_rate(optim, 256, 2.5, 4) == pytest.approx(0.1 / 2 ** 0.5)  # epoch 3: first anneal
+    assert learning_rate(optim, 256, 3.5, 4) == pytest.approx(0.05)  # epoch 4: (1/sqrt 2)^2
     sqrt = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=0",
                               "optim.batch_scaling=sqrt"]).optim
-    assert learning_rate(sqrt, 1024, 0.5) == pytest.approx(0.2)
+    assert learning_rate(sqrt, 1024, 0.5, 4) == pytest.approx(0.2)
+    # unset, annealing starts after the first half of however many epochs training has: 3 of 4, 16 of 30
+    half = load_config(None, ["optim.lr=0.1", "optim.warmup_epochs=0", "optim.batch_scaling=none"]).optim
+    assert [learning_rate(half, 16, e + 0.5, 4) for e in (1, 2)] == pytest.approx([0.1, 0.1 / 2 ** 0.5])
+    assert [learning_rate(half, 16, e + 0.5, 30) for e in (14, 15)] == pytest.approx([0.1, 0.1 / 2 ** 0.5])
+
+
+def test_a_small_corpus_or_a_large_batch_gets_enough_updates():
+    train = load_config(None, ["train.min_updates=700", "train.max_epochs=30"]).train
+    assert planned_epochs(train, 187) == 4  # the built-in corpus, 3,000 utterances at a global batch of 16
+    assert planned_epochs(train, 59) == 12  # 948 utterances
+    assert planned_epochs(train, 12) == 30  # at most max_epochs
+    assert planned_epochs(load_config(None, ["train.epochs=6"]).train, 59) == 6  # min_updates 0: the epochs

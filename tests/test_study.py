@@ -30,8 +30,14 @@ def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
     report = (tmp_path / "study" / "report.md").read_text()
     for title in ("## 1. Strategies", "## 2. Global batch", "## 3. Learner 1 slowed"):
         assert title in report
-    assert report.count("| SYNC |") == 1 + 2 + 1 and report.count("| HYBRID |") == 1
-    for plot in ("loss_vs_time.png", "cer_vs_batch.png", "throughput_vs_straggler.png"):
+    parts = report.split("## 4. Time to target")
+    assert parts[0].count("| SYNC |") == 1 + 2 + 1 and parts[0].count("| HYBRID |") == 1
+    assert parts[1].count("| SYNC |") == 1 + 2 + 1  # every run again, with its time to the target
+    rows = [line for line in parts[1].splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 3 + 2 * 3 and all(line.endswith(("| reached |", "| not reached |", "at the end |"))
+                                          for line in rows)  # 1 epoch of 64 utterances: no learning, and said so
+    for plot in ("loss_vs_time.png", "cer_vs_time.png", "loss_vs_epoch.png", "cer_vs_batch.png",
+                 "throughput_vs_straggler.png"):
         assert (tmp_path / "study" / plot).stat().st_size > 5_000
     runs_done = re.compile(r"^study: \S+ done in", re.M)
     assert len(runs_done.findall(capsys.readouterr().out)) == 3 + 2 * 3  # strategies; base, 2x batch, 2x slower

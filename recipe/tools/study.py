@@ -9,9 +9,11 @@ processes of this machine:
   2. batch size: the global batch at each of `batch_multipliers` x the base (micro batch x learners), for
      SYNC and ADPSGD; the learning rate follows the recipe YAML's scaling rule and warm-up;
   3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD.
-Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated) and
-loss_vs_time.png, cer_vs_batch.png, throughput_vs_straggler.png. Every run lives in EXP/runs/<name>; a run
-whose metrics.json exists is not run again, so an interrupted study resumes where it stopped.
+Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated, and
+each run's time to a target CER: `target_factor` x SYNC's final CER; a run that ends without learning says
+so) and loss_vs_time.png, cer_vs_time.png, loss_vs_epoch.png (per global batch and strategy), cer_vs_batch.png,
+throughput_vs_straggler.png. Every run lives in EXP/runs/<name>; a run whose metrics.json exists is not run
+again, so an interrupted study resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from recipe.tools.bench import prepare_subset, run_arm
+from recipe.train import no_learning
 
 
 @dataclass
@@ -38,6 +41,7 @@ class StudyConf:
     link_latency_ms: float = 0.5
     batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
     slowdowns: list = field(default_factory=lambda: [1, 2, 4])
+    target_factor: float = 1.5  # the target: held-out CER <= this x SYNC's final CER (part 1), time to it per run
     # Recipe YAML overrides for every run (a list given on the command line replaces this one). 4 stacked
     # frames, annealing from epoch 4: at the recipe's default 2, CTC is still on its all-blank plateau after 3
     # epochs of 1,500 utterances on 4 learners (CER 100% in every run; BENCHMARKS.md section 7).
@@ -121,6 +125,7 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
                        lambda r: r["name"])
     batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
     straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
+    time_to_target_table(lines, results, conf.target_factor)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in strategies:
@@ -128,6 +133,19 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
                 label=run["strategy"].upper())
     ax.set(xlabel="training wall-clock time (min)", ylabel="held-out loss", title="Strategies")
     save(fig, ax, root / "loss_vs_time.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in strategies:
+        ax.plot([r["wall_s"] / 60 for r in run["log"]], [100 * r["cer"] for r in run["log"]], "o-",
+                label=run["strategy"].upper())
+    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out CER (%)", title="Strategies")
+    save(fig, ax, root / "cer_vs_time.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in batch:  # the analogue of Zhang et al.'s (Interspeech 2019) Figure 1
+        style = "o-" if run["strategy"] == "sync" else "s--"
+        ax.plot([r["epoch"] for r in run["log"]], [r["heldout_loss"] for r in run["log"]], style,
+                label=f"{run['strategy'].upper()} {run['metrics']['global_batch']}")
+    ax.set(yscale="log", xlabel="epoch", ylabel="held-out loss", title="Global batch (utterances)")
+    save(fig, ax, root / "loss_vs_epoch.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in ("sync", "adpsgd"):
         rs = [r for r in batch if r["strategy"] == s]
@@ -141,9 +159,33 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
         ax.plot([r["slowdown"] for r in rs], [r["metrics"]["train_frames_per_s"] for r in rs], "o-", label=s.upper())
     ax.set(xlabel="slowdown of learner 1", ylabel="aggregate training frames/s", title="Stragglers")
     save(fig, ax, root / "throughput_vs_straggler.png")
-    lines += ["![held-out loss against time](loss_vs_time.png) ![CER against batch](cer_vs_batch.png) "
+    lines += ["![held-out loss against time](loss_vs_time.png) ![CER against time](cer_vs_time.png) "
+              "![held-out loss against epochs, per batch](loss_vs_epoch.png) ![CER against batch](cer_vs_batch.png) "
               "![throughput against slowdown](throughput_vs_straggler.png)", ""]
     (root / "report.md").write_text("\n".join(lines))
+
+
+def time_to_target(log: list[dict], target: float) -> tuple[int, float] | None:
+    """-> (the first epoch whose held-out CER is at most target, the training wall time by then), or None."""
+    return next(((r["epoch"], r["wall_s"]) for r in log if r["cer"] <= target), None)
+
+
+def time_to_target_table(lines: list[str], results: list[dict], factor: float) -> None:
+    """Each run's time to the target CER (factor x SYNC's final CER in part 1), and which ones never learned."""
+    sync = next(r for r in results if r["name"] == "strategy-sync")["metrics"]["cer"]
+    target = factor * sync
+    lines.extend([f"## 4. Time to target: held-out CER <= {100 * target:.2f}% ({factor:g} x SYNC's final "
+                  f"{100 * sync:.2f}%)", "", "| run | strategy | global batch | epoch | training time (min) | "
+                  "status |", "|---|---|---|---|---|---|"])
+    for r in results:
+        reached = time_to_target(r["log"], target)
+        stalled = no_learning(r["log"][-1], 0)
+        status = "no learning: CER above 90% or blank output at the end" if stalled else \
+            "reached" if reached else "not reached"
+        epoch, minutes = (reached[0], f"{reached[1] / 60:.2f}") if reached else ("-", "-")
+        lines.append(f"| {r['name']} | {r['strategy'].upper()} | {r['metrics']['global_batch']} | {epoch} | "
+                     f"{minutes} | {status} |")
+    lines.append("")
 
 
 def save(fig, ax, path: Path) -> None:
