@@ -43,6 +43,7 @@ from comm import FaultInjector, ProcessLayout, build_strategy, init_distributed
 from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters
 from recipe.evaluate import evaluate, rates
+from recipe.lib.board import Board
 from recipe.lib.config import ConfigError, load_config
 from recipe.lib.dataset import BucketBatchSampler
 from recipe.lib.ds_config import load_ds_config
@@ -223,6 +224,8 @@ class Trainer:
                 self.end_epoch(epoch, totals, stats, time.perf_counter() - t0)
         self.strategy.close()
         self.heartbeat.close()
+        if self.is_main:
+            self.board.close()
         metrics = self.metrics()
         if self.is_main:
             (self.exp.root / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -242,18 +245,17 @@ class Trainer:
             rng = np.random.default_rng([self.conf.train.seed, epoch, self.layout.rank, micro_step])
             b = self.train_set.collate(batch, rng)
             t_step = time.perf_counter()
-            loss, applied = train_step(self.engine, self.strategy, b)
+            step = train_step(self.engine, self.strategy, b)
             self.faults.after_micro_batch(time.perf_counter() - t_step)
-            if math.isfinite(loss):
-                totals.loss_sum, totals.finite_losses = totals.loss_sum + loss, totals.finite_losses + 1
-            self.skipped.record(loss, applied, self.engine.fp16_enabled(), self.where)
+            if math.isfinite(step.loss):
+                totals.loss_sum, totals.finite_losses = totals.loss_sum + step.loss, totals.finite_losses + 1
+            self.skipped.record(step.loss, step.applied, self.engine.fp16_enabled(), self.where)
             totals.frames += int(b["lengths"].sum())
             totals.micro_steps = micro_step + 1
             elapsed = time.perf_counter() - t0
             bar.update(task, advance=1, loss=totals.mean_loss, fps=totals.frames * self.layout.world_size / elapsed)
             if self.is_main and (micro_step + 1) % self.conf.train.log_interval == 0:
-                log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
-                         totals.mean_loss, totals.lr, totals.frames / elapsed)
+                self.log_step(epoch, progress, totals, step, totals.frames / elapsed)
         bar.remove_task(task)
         return totals
 
@@ -289,16 +291,25 @@ class Trainer:
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
         if self.is_main:
+            self.board = Board(self.exp.root / "tensorboard", self.steps_per_epoch)
             log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%d "
                      "params=%d threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes,
                      self.global_batch, self.node_batch, self.steps_per_epoch, self.epochs,
                      count_parameters(self.engine.module), torch.get_num_threads())
+
+    def log_step(self, epoch: int, progress: float, totals: EpochTotals, step, frames_per_s: float) -> None:
+        """Every train.log_interval micro batches, learner 0: a log line and the TensorBoard curves."""
+        log.info("epoch %d %.0f%% loss %.3f lr %.2e  %.0f frames/s per learner", epoch, 100 * progress,
+                 totals.mean_loss, totals.lr, frames_per_s)
+        self.board.step(epoch - 1 + progress, totals.mean_loss, totals.lr, step.grad_norm,
+                        frames_per_s * self.layout.world_size)
 
     def log_epoch(self, record: dict) -> None:
         scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
         log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", record["epoch"],
                  record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"],
                  record["epoch_wall_s"])
+        self.board.epoch(record)
         warning = no_learning(record, record["epoch"] * self.steps_per_epoch)
         if warning and record["epoch"] > self.conf.optim.warmup_epochs:  # during the warm-up, no news
             log.warning("%s", warning)

@@ -36,10 +36,13 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for exp in (straight, resumed):
         shutil.copytree(tiny_exp, exp)
-    metrics, _ = train_run(straight, "train.epochs=2")
-    train_run(resumed, "train.epochs=1")
+    # the interruption is emulated by a run of 1 epoch; the annealing must not depend on the epochs then (by
+    # default it starts after the first half of train.epochs, and a real resume keeps train.epochs)
+    anneal = "optim.anneal_start_epoch=2"
+    metrics, _ = train_run(straight, "train.epochs=2", anneal, "train.log_interval=2")  # log interval: TensorBoard
+    train_run(resumed, "train.epochs=1", anneal)
     assert [p.name for p in (resumed / "checkpoints").iterdir()] == ["epoch-001.pt"]
-    train_run(resumed, "train.epochs=2", "--resume", learner=learner_on_another_disk)  # learner 0 shares it
+    train_run(resumed, "train.epochs=2", anneal, "--resume", learner=learner_on_another_disk)  # learner 0 shares it
 
     a = torch.load(straight / "checkpoints" / "epoch-002.pt", weights_only=True)
     b = torch.load(resumed / "checkpoints" / "epoch-002.pt", weights_only=True)
@@ -52,7 +55,17 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
         assert key in metrics, key
     assert metrics["strategy"] == "sync" and metrics["learners"] == 2 and metrics["global_batch"] == 16
     assert json.loads((straight / "metrics.json").read_text())["cer"] == metrics["cer"]
-    assert "warning" not in metrics  # it learned
+    # TensorBoard: learner 0's events, per epoch and per logged step, against global progress in updates
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(straight / "tensorboard"))
+    board.Reload()
+    cer = board.Scalars("heldout/cer")
+    assert [e.step for e in cer] == [6, 12] and [e.value for e in cer] == pytest.approx(
+        [r["cer"] for r in train_log(straight)], rel=1e-6)  # 96 utterances / (8 x 2 learners): 6 updates an epoch
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/frames_per_s", "heldout/loss", "heldout/wer",
+            "train/skipped_steps", "comm/lost_learners"} <= set(board.Tags()["scalars"])
+    assert all(e.value > 0 for e in board.Scalars("train/grad_norm"))
 
 
 def test_a_run_that_does_not_learn_says_so(tiny_exp, tmp_path, capsys):

@@ -4,7 +4,9 @@ training step. Used by the training stage (recipe/train.py), the benchmarks and 
 
 from __future__ import annotations
 
+import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -86,35 +88,40 @@ def batch_loss(logits: torch.Tensor, out_lengths: torch.Tensor, batch: dict) -> 
     return ctc_loss(logits, out_lengths, batch["targets"].to(device), batch["target_lengths"].to(device))
 
 
-def gradients_finite(model: torch.nn.Module) -> bool:
+def gradient_norm(model: torch.nn.Module) -> float:
+    """The global L2 norm of the gradients (after DeepSpeed's reduction); 0 when there are none."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())
+    return float(torch.stack(torch._foreach_norm(grads)).norm()) if grads else 0.0
 
 
-def train_step(engine, strategy, batch: dict) -> tuple[float, bool | None]:
+class Step(NamedTuple):
+    loss: float
+    applied: bool | None  # None between gradient accumulation boundaries, else whether the weights changed
+    grad_norm: float | None  # at a boundary, before clipping (None: not known, e.g. DeepSpeed's mixed precision)
+
+
+def train_step(engine, strategy, batch: dict) -> Step:
     """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), then
-    the optimizer step or its skip, and the strategy's hook.
-    -> (loss, applied): applied is None between gradient accumulation boundaries, else whether the optimizer
-    step changed the weights."""
+    the optimizer step or its skip, and the strategy's hook. A step with a non-finite gradient is skipped: in
+    fp32 here, in bf16 and fp16 by DeepSpeed's optimizer (fp16 also skips its loss-scale overflows). In fp32 the
+    gradients are checked after DeepSpeed's reduction, so every learner of a data-parallel group decides alike
+    and replicas stay equal."""
     dtype = next(engine.module.parameters()).dtype
     logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
     loss = batch_loss(logits, out_lengths, batch)
     engine.backward(loss)
     boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
     skipped_before = engine.skipped_steps
-    skip = boundary and not finite_update(engine)
+    mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
+    norm = gradient_norm(engine.module) if boundary and not mixed else None
+    skip = norm is not None and not math.isfinite(norm)
     if skip:  # DeepSpeed's step() still runs (clipping, zero_grad, counters); the update does not
         engine.optimizer.skip_next_step()
     with strategy.step_lock():
         engine.step()
     if not boundary:
-        return loss.item(), None
+        return Step(loss.item(), None, None)
     strategy.after_step(engine)
-    return loss.item(), not (skip or engine.skipped_steps > skipped_before)
-
-
-def finite_update(engine) -> bool:
-    """Whether the step may apply these gradients. In bf16 and fp16 DeepSpeed's optimizer decides (and skips)
-    by itself; in fp32 they are checked here, after DeepSpeed's reduction, so every learner of a data-parallel
-    group decides alike and replicas stay equal."""
-    return engine.fp16_enabled() or engine.bfloat16_enabled() or gradients_finite(engine.module)
+    norm = norm if norm is not None else engine.get_global_grad_norm()
+    return Step(loss.item(), not (skip or engine.skipped_steps > skipped_before),
+                None if norm is None else float(norm))
