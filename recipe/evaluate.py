@@ -143,11 +143,17 @@ def rates(totals: dict) -> dict[str, float]:
 
 
 def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
-    """The configured beam search (None: greedy); its LM, trained on the training transcripts, saved as ARPA."""
+    """The configured beam search (None: greedy); its LM: the user's ARPA file, or one trained on the training
+    transcripts and saved as ARPA."""
     if not conf.beam:
         return None
     lm = None
-    if conf.lm_order:
+    if conf.lm_arpa:
+        try:
+            lm = NgramLM.load_arpa(conf.lm_arpa)
+        except ValueError as err:  # a malformed line, or no <unk> (a closed-vocabulary LM)
+            raise SystemExit(f"decode.lm_arpa: {conf.lm_arpa}: {err}") from None
+    elif conf.lm_order:
         texts = [text for text, _ in read_table(train_text).values()]
         lm = NgramLM.train(texts, order=conf.lm_order)
         lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder

@@ -235,3 +235,45 @@ def test_bad_inputs():
         NgramLM.train(["a"], order=0)
     with pytest.raises(ValueError):
         beam_search(frames([0.5, 0.4, 0.1]), AB, beam=0)
+
+
+ARPA = """\\data\\
+ngram 1=5
+ngram 2=3
+
+\\1-grams:
+-99 <s> -0.3
+-0.6 cat -0.2
+-0.6 hat -0.2
+-0.7 </s>
+-2.0 <unk>
+
+\\2-grams:
+-0.1 <s> cat
+-0.2 cat </s>
+-0.3 <s> hat
+
+\\end\\
+"""
+
+
+def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
+    from recipe.evaluate import beam_decoder
+    from recipe.lib.config import ConfigError, load_config
+
+    (tmp_path / "lm.arpa").write_text(ARPA)
+    (tmp_path / "text").write_text("u1 a dog\n")  # what a trained LM would have learned instead
+    conf = load_config(None, [f"decode.lm_arpa={tmp_path / 'lm.arpa'}", "decode.oov_penalty=5"]).decode
+    (tmp_path / "out").mkdir()
+    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out").keywords["lm"]
+    assert lm.vocab == ["</s>", "<unk>", "cat", "hat"]  # the file's vocabulary, for the OOV penalty too
+    assert lm.score([], "cat") == pytest.approx(-0.1 * math.log(10))  # a bigram of the file
+    assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
+    assert lm.score([], "dog") == pytest.approx((-0.3 - 2.0) * math.log(10))  # unknown: backoff(<s>) + p(<unk>)
+    assert not (tmp_path / "out" / "lm.arpa").exists()  # nothing trained
+    with pytest.raises(ConfigError, match="decode.lm_arpa: .*nowhere.arpa: no such file"):
+        load_config(None, [f"decode.lm_arpa={tmp_path / 'nowhere.arpa'}"])
+    (tmp_path / "closed.arpa").write_text(ARPA.replace("-2.0 <unk>\n", "").replace("ngram 1=5", "ngram 1=4"))
+    closed = load_config(None, [f"decode.lm_arpa={tmp_path / 'closed.arpa'}"]).decode
+    with pytest.raises(SystemExit, match="closed.arpa: the model has no <unk> unigram.*ngram-count with -unk"):
+        beam_decoder(closed, tmp_path / "text", tmp_path / "out")

@@ -130,6 +130,8 @@ class DecodeConf:
     average_within: Optional[float] = None
     beam: int = 8  # CTC prefix beam search of this width (recipe/lib/decode.py); 0 = greedy
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
+    # or your own word LM, an ARPA file (e.g. a Switchboard 4-gram with <unk>), used instead of training one
+    lm_arpa: Optional[str] = None
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
     oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
@@ -207,11 +209,15 @@ def validate(cfg: DictConfig) -> None:
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
     if cfg.decode.beam < 0 or cfg.decode.lm_order < 0:
         raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {cfg.decode.beam}, {cfg.decode.lm_order}")
-    if cfg.decode.oov_penalty < 0 or (cfg.decode.oov_penalty and not cfg.decode.lm_order):
+    has_lm = bool(cfg.decode.lm_order or cfg.decode.lm_arpa)
+    if cfg.decode.oov_penalty < 0 or (cfg.decode.oov_penalty and not has_lm):
         raise ConfigError(f"decode.oov_penalty={cfg.decode.oov_penalty} must be >= 0 and needs the LM's vocabulary "
-                          f"(decode.lm_order > 0, got {cfg.decode.lm_order})")
-    if cfg.decode.lm_order and not cfg.decode.beam:
-        raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} needs a beam search: set decode.beam (e.g. 8)")
+                          f"(decode.lm_order > 0, got {cfg.decode.lm_order}, or decode.lm_arpa)")
+    if has_lm and not cfg.decode.beam:
+        raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} / decode.lm_arpa={cfg.decode.lm_arpa} needs a beam "
+                          "search: set decode.beam (e.g. 8)")
+    if cfg.decode.lm_arpa and not Path(cfg.decode.lm_arpa).is_file():
+        raise ConfigError(f"decode.lm_arpa: {cfg.decode.lm_arpa}: no such file")
     a = cfg.augment
     if not a.speed_perturb or any(f <= 0 for f in a.speed_perturb) or len(set(a.speed_perturb)) < len(a.speed_perturb):
         raise ConfigError(f"augment.speed_perturb must be distinct factors > 0, got {list(a.speed_perturb)}")

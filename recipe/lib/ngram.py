@@ -31,7 +31,8 @@ class NgramLM:
 
     def __init__(self, order: int, logp: dict[tuple[str, ...], float], bow: dict[tuple[str, ...], float]):
         if (UNK,) not in logp:
-            raise ValueError(f"the model has no {UNK} unigram: unknown words could not be scored")
+            raise ValueError(f"the model has no {UNK} unigram: unknown words could not be scored (make it with an "
+                             f"open vocabulary: KenLM's lmplz does by default, SRILM's ngram-count with -unk)")
         self.order = order
         self.logp = logp
         self.bow = bow
