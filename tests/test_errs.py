@@ -12,10 +12,10 @@ import jiwer
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from model.lstm import LSTMAcousticModel
 from recipe.evaluate import aligned_words, decode_heldout, error_counts, error_report, evaluate
+from recipe.lib.config import load_config
 from recipe.lib.progress import progress_bar
 from recipe.report import summary_rows
 
@@ -96,7 +96,7 @@ class Exp:
 
 def test_decode_stage_writes_errs_txt_and_the_breakdown(tmp_path):
     data, model = Heldout(5), LSTMAcousticModel(4, len(TOKENS), layers=1, hidden=8)
-    conf = OmegaConf.create({"beam": 2, "lm_order": 2, "lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0})
+    conf = load_config(None, ["decode.beam=2", "decode.lm_order=2", "decode.word_bonus=0.0"]).decode
     with progress_bar(enabled=False) as bar:  # no terminal: the tasks still count, nothing is drawn
         result = decode_heldout(model, data, [[0, 1], [2, 3, 4]], Exp(tmp_path), conf, tmp_path, bar)
         assert [(t.description, t.completed, t.total) for t in bar.tasks] == [("greedy", 5, 5),
