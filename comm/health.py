@@ -213,4 +213,4 @@ class Heartbeat:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=self.grace_s + 1)  # a store call that hangs must not hold the learner's exit

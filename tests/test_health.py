@@ -1,0 +1,52 @@
+"""The heartbeat on its own, over a real rendezvous store on loopback: it rides out store errors, and a learner
+the others dropped leaves the run cleanly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+import comm.distributed
+from comm.health import DROPPED, Heartbeat, LeftBehind
+from tests.conftest import free_port
+
+
+class FlakyStore:
+    """A store whose next `failures` set() calls fail, as during a network hiccup; the rest passes through."""
+
+    def __init__(self, store, failures: int):
+        self.store, self.failures = store, failures
+
+    def set(self, key, value):
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("connection reset by peer")
+        return self.store.set(key, value)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def heartbeat(monkeypatch):
+    monkeypatch.setattr(comm.distributed, "_store", dist.TCPStore("127.0.0.1", free_port(), 1, True))
+    hb = Heartbeat(0, 2, interval_s=0.05, grace_s=2.0)
+    yield hb
+    hb.close()
+
+
+def test_the_heartbeat_rides_out_store_errors(heartbeat):
+    heartbeat.store = FlakyStore(heartbeat.store, failures=10)  # half a second of errors
+    time.sleep(1.0)
+    assert heartbeat.store.failures == 0
+    beat = int(heartbeat.store.get("heartbeat/0"))
+    time.sleep(0.3)
+    assert int(heartbeat.store.get("heartbeat/0")) > beat  # still beating: the others do not take it for lost
+
+
+def test_a_learner_the_others_dropped_leaves_cleanly(heartbeat):
+    heartbeat.store.compare_set("members/epoch-end-1/0", "", DROPPED)  # as the others do when it stood still
+    with pytest.raises(LeftBehind, match="reached epoch-end-1 after the others had dropped it"):
+        heartbeat.check_in("epoch-end-1", stall_s=5.0)
