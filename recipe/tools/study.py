@@ -97,11 +97,6 @@ def bytes_sent(metrics: dict, log: list[dict], model_bytes: float) -> tuple[floa
 
 
 def write_report(root: Path, conf: StudyConf, results: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     model_bytes = 4 * results[0]["metrics"]["params"]
     lines = [f"# Study: {conf.learners} learners, {conf.utterances} utterances, {conf.epochs} epochs",
              "", f"Written by `python -m recipe.tools.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
@@ -126,6 +121,19 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
     batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
     straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
     time_to_target_table(lines, results, conf.target_factor)
+
+    plot_study(root, strategies, batch, straggle)
+    lines += ["![held-out loss against time](loss_vs_time.png) ![CER against time](cer_vs_time.png) "
+              "![held-out loss against epochs, per batch](loss_vs_epoch.png) ![CER against batch](cer_vs_batch.png) "
+              "![throughput against slowdown](throughput_vs_straggler.png)", ""]
+    (root / "report.md").write_text("\n".join(lines))
+
+
+def plot_study(root: Path, strategies: list[dict], batch: list[dict], straggle: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in strategies:
@@ -159,10 +167,6 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
         ax.plot([r["slowdown"] for r in rs], [r["metrics"]["train_frames_per_s"] for r in rs], "o-", label=s.upper())
     ax.set(xlabel="slowdown of learner 1", ylabel="aggregate training frames/s", title="Stragglers")
     save(fig, ax, root / "throughput_vs_straggler.png")
-    lines += ["![held-out loss against time](loss_vs_time.png) ![CER against time](cer_vs_time.png) "
-              "![held-out loss against epochs, per batch](loss_vs_epoch.png) ![CER against batch](cer_vs_batch.png) "
-              "![throughput against slowdown](throughput_vs_straggler.png)", ""]
-    (root / "report.md").write_text("\n".join(lines))
 
 
 def time_to_target(log: list[dict], target: float) -> tuple[int, float] | None:
