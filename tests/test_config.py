@@ -94,4 +94,4 @@ def test_a_small_corpus_or_a_large_batch_gets_enough_updates():
     assert planned_epochs(train, 187) == 4  # the built-in corpus, 3,000 utterances at a global batch of 16
     assert planned_epochs(train, 59) == 12  # 948 utterances
     assert planned_epochs(train, 12) == 30  # at most max_epochs
-    assert planned_epochs(load_config(None, ["train.epochs=6"]).train, 59) == 6  # min_updates 0: the epochs
+    assert planned_epochs(load_config(None, ["train.epochs=6", "train.min_updates=0"]).train, 59) == 6  # fixed
