@@ -146,6 +146,8 @@ class Trainer:
         if self.is_main:
             self.write_artifacts(comm_conf)
         self.build_data()
+        # before the engine's collectives: its import (seconds) must not make learner 0 start the epoch late
+        self.board = Board(self.exp.root / "tensorboard", self.steps_per_epoch) if self.is_main else None
         self.engine = experiment_engine(self.exp, self.engine_conf, self.strategy, self.train_set.dim,
                                         self.global_batch)
         self.state = TrainState()
@@ -290,12 +292,10 @@ class Trainer:
 
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
-        if self.is_main:
-            self.board = Board(self.exp.root / "tensorboard", self.steps_per_epoch)
-            log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%d "
-                     "params=%d threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes,
-                     self.global_batch, self.node_batch, self.steps_per_epoch, self.epochs,
-                     count_parameters(self.engine.module), torch.get_num_threads())
+        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%d params=%d "
+                 "threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes, self.global_batch,
+                 self.node_batch, self.steps_per_epoch, self.epochs, count_parameters(self.engine.module),
+                 torch.get_num_threads())
 
     def log_step(self, epoch: int, progress: float, totals: EpochTotals, step, frames_per_s: float) -> None:
         """Every train.log_interval micro batches, learner 0: a log line and the TensorBoard curves."""
