@@ -158,6 +158,8 @@ if [ -n "$hostfile" ]; then  # learners in all: the slots of every host; the rea
   hosts=$("$py" -c 'import sys
 from deepspeed.launcher.runner import fetch_hostfile  # read as the launcher reads it: comments, blank lines
 hosts = fetch_hostfile(sys.argv[1])
+if len(set(hosts.values())) > 1:  # the strategies need equal nodes: refused here, before stages 1-2
+    sys.exit(f"run.sh: {sys.argv[1]}: the hosts have different slot counts {dict(hosts)}; give every node the same")
 print(sum(hosts.values()), len(hosts))' "$hostfile" | tail -n 1)
   read -r world check_nodes <<< "$hosts"
 else

@@ -118,9 +118,13 @@ class LiveGroup:
 
 
 def _is_loopback(address: str) -> bool:
+    """A loopback address as written (127.0.0.1, ::1, localhost): not a host name that happens to resolve to
+    one on this machine (Debian maps its own name to 127.0.1.1), which the other nodes reach by its real address."""
+    if address == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-    except (OSError, ValueError):
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
         return False
 
 

@@ -120,8 +120,9 @@ class HostStaging:
     def snapshot(self) -> torch.Tensor:
         if not self.cuda:
             return flatten(self.params)
-        self.stream.wait_stream(torch.cuda.default_stream(self.params[0].device))
-        with torch.cuda.stream(self.stream):
+        device = self.params[0].device  # a new thread's current device is 0: stay on the weights' own
+        self.stream.wait_stream(torch.cuda.default_stream(device))
+        with torch.cuda.device(device), torch.cuda.stream(self.stream):
             offset = 0
             for p in self.params:
                 self.host[offset: offset + p.numel()].copy_(p.detach().reshape(-1), non_blocking=True)

@@ -142,7 +142,8 @@ class Heartbeat:
         def key(r: int) -> str:
             return f"members/{tag}/{r}"
 
-        if self.store.compare_set(key(self.rank), "", IN) != IN:  # the others gave this learner up and go on
+        if self.store.check([f"dropped/{self.rank}"]) or self.store.compare_set(key(self.rank), "", IN) != IN:
+            # the others gave this learner up (it stood still, mid-epoch or here) and go on
             raise LeftBehind(f"learner {self.rank} reached {tag} after the others had dropped it (its heartbeat "
                              f"stood still for {stall_s:.0f} s); it leaves the run, the others go on")
         seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last beat, when it last changed)

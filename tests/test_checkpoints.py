@@ -100,3 +100,6 @@ def test_only_checkpoints_close_to_the_best_held_out_loss_are_averaged():
     assert losses(close_to_the_best(plateau, 0.1)) == [0.31, 0.29, 0.30]
     # the best may be an earlier epoch (the last one overfit); a checkpoint without a recorded loss is kept
     assert losses(close_to_the_best([checkpoint(x) for x in (0.2, 0.5, None)], 0.1)) == [0.2, None]
+    # a diverged epoch (NaN loss) is never the best
+    assert losses(close_to_the_best([checkpoint(x) for x in (float("nan"), 1.0, 1.1)], 0.2)) == [1.0, 1.1]
+    assert len(close_to_the_best([checkpoint(float("nan"))] * 2, 0.2)) == 2  # nothing to judge by: as without

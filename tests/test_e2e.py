@@ -65,6 +65,9 @@ def test_run_sh_rejects_bad_options_before_doing_work(tmp_path):
     out = run_recipe("--stage", "1", "--exp", str(tmp_path / "e"), "--hostfile", str(tmp_path / "hostfile"),
                      "--ds-config", str(REPO / "ds_configs" / "hybrid.json"))
     assert out.returncode != 0 and "hybrid needs at least 2 nodes" in out.stderr and "world_size=2" in out.stderr
+    (tmp_path / "hostfile").write_text("localhost slots=3\n127.0.0.1 slots=1\n")  # nodes of unequal size
+    out = run_recipe("--stage", "1", "--exp", str(tmp_path / "e"), "--hostfile", str(tmp_path / "hostfile"))
+    assert out.returncode != 0 and "the hosts have different slot counts" in out.stderr
     out = run_recipe("--stage", "3", "--exp", str(tmp_path / "e"), "--node-rank", "1")
     assert out.returncode == 2 and "--node-rank and --master-addr go together, with --hostfile" in out.stderr
     assert "--ds-config FILE" in run_recipe("--help").stdout

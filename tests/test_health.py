@@ -50,3 +50,9 @@ def test_a_learner_the_others_dropped_leaves_cleanly(heartbeat):
     heartbeat.store.compare_set("members/epoch-end-1/0", "", DROPPED)  # as the others do when it stood still
     with pytest.raises(LeftBehind, match="reached epoch-end-1 after the others had dropped it"):
         heartbeat.check_in("epoch-end-1", stall_s=5.0)
+
+
+def test_a_learner_dropped_mid_epoch_leaves_even_if_it_checks_in_first(heartbeat):
+    heartbeat.store.set("dropped/0", "by 1")  # a gossip peer found it standing still and dropped it
+    with pytest.raises(LeftBehind, match="after the others had dropped it"):
+        heartbeat.check_in("epoch-end-2", stall_s=5.0)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -153,9 +154,9 @@ class Experiment:
 
 def close_to_the_best(checkpoints: list[dict], within: float) -> list[dict]:
     """The checkpoints whose epoch's held-out loss (from the training state they carry) is at most (1 + within)
-    x the lowest of them; one without a recorded loss is kept."""
+    x the lowest finite one; one without a recorded loss is kept, and all are when none is finite."""
     losses = [c.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss") for c in checkpoints]
-    best = min((loss for loss in losses if loss is not None), default=None)
+    best = min((loss for loss in losses if loss is not None and math.isfinite(loss)), default=None)
     return [c for c, loss in zip(checkpoints, losses) if best is None or loss is None or loss <= (1 + within) * best]
 
 
