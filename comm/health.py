@@ -104,17 +104,11 @@ class Heartbeat:
         still for stall_s, or another learner already dropped it; False when it keeps beating for patience x
         stall_s (it is alive: a real error). The patience lets a learner that is on its way out (a HYBRID node
         leaving) finish leaving."""
-        start = last_change = time.monotonic()
-        beat = self._beat_of(rank)
-        while rank not in self.dropped():
-            time.sleep(self.interval_s)
-            now, new_beat = time.monotonic(), self._beat_of(rank)
-            if new_beat != beat:
-                beat, last_change = new_beat, now
-            if now - last_change > stall_s:
-                self._drop(rank, stall_s)
-            elif now - start > patience * stall_s:
+        gone, start = self.watch_peer(rank, stall_s), time.monotonic()
+        while not gone():
+            if time.monotonic() - start > patience * stall_s:
                 return False
+            time.sleep(self.interval_s)
         return True
 
     def watch_peer(self, rank: int, stall_s: float):
