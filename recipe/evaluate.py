@@ -247,8 +247,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)
-    p.add_argument("--checkpoint", default=None, help="default: the latest in EXP/checkpoints (averaged over the "
-                                                      "last decode.average_last)")
+    p.add_argument("--checkpoint", default=None, help="default: the average of the decode.average_best "
+                                                      "checkpoints of lowest held-out loss in EXP/checkpoints")
     p.add_argument("--out", default="decode", help="folder under EXP for the results (default: decode)")
     p.add_argument("overrides", nargs="*", help="decode.key=value over EXP/conf.yaml's decode section")
     args = p.parse_args(argv)
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     conf = load_config(exp.root / "conf.yaml", args.overrides)
     out = (exp.root / args.out).resolve()  # the loglikes scp names its ark by this path
     out.mkdir(exist_ok=True)
-    model, meta = exp.load_model(args.checkpoint, conf.decode.average_last, conf.decode.average_within)
+    model, meta = exp.load_model(args.checkpoint, conf.decode.average_best, conf.decode.average_within)
     data = exp.dataset("test")
     batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
     result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", [])}

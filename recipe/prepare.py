@@ -62,6 +62,10 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
     for split, src in sources.items():
         utts[split], skipped = load_data_dir(src, d.max_utt_seconds, d.on_bad_utterance)
         summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
+    if 0 < d.train_utterances < len(utts["train"]):  # every k-th in id order, as Kaldi's subset_data_dir.sh
+        step = len(utts["train"]) / d.train_utterances
+        utts["train"] = [utts["train"][int(i * step)] for i in range(d.train_utterances)]
+        summary["train"]["subset"] = d.train_utterances
     if d.mix_synth:  # the built-in corpus's many voices added to a real corpus's training set
         mixed, _ = load_data_dir(synthesized(conf, work, d.mix_synth, 0) / "train", d.max_utt_seconds)
         clash = sorted({u.utt for u in mixed} & {u.utt for u in utts["train"]})

@@ -50,7 +50,7 @@ from recipe.lib.ds_config import load_ds_config
 from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
 from recipe.lib.experiment import Experiment
 from recipe.lib.progress import progress_bar
-from recipe.lib.schedule import learning_rate, planned_epochs
+from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, planned_epochs
 from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
@@ -90,6 +90,8 @@ class TrainState:
     frames: int = 0  # frames trained, all learners together
     skipped_steps: int = 0
     history: list[dict] = field(default_factory=list)  # the training log's records, one per epoch
+    anneal_from: int | None = None  # the schedule's first annealed epoch, once decided
+    stop: str | None = None  # why training ended early (newbob, train.max_minutes)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +178,8 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
                              f"{self.accum} accumulations")
-        self.epochs = planned_epochs(self.conf.train, self.steps_per_epoch)
+        self.epochs = planned_epochs(self.conf.train, self.steps_per_epoch)  # fixed; newbob anneals no earlier
+        self.max_epochs = self.epochs if self.conf.optim.schedule == "fixed" else self.conf.train.max_epochs
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -200,6 +203,8 @@ class Trainer:
                 self.load_state_dict(checkpoint)
                 self.epoch = self.state.epoch + 1
                 log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
+        if self.conf.optim.schedule == "fixed":  # from the config, also when a resumed run has other epochs
+            self.state.anneal_from = fixed_anneal_start(self.conf.optim, self.epochs)
         if self.is_main:  # the log holds exactly the epochs of the checkpoint being continued
             (self.exp.root / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in self.state.history))
 
@@ -219,7 +224,9 @@ class Trainer:
                            TextColumn("{task.fields[fps]:>7.0f} frames/s"), TimeRemainingColumn(),
                            enabled=self.is_main)
         with bar, self.heartbeat.watch(self.where, self.strategy.members.lost_needed):
-            for epoch in range(self.state.epoch + 1, self.epochs + 1):
+            for epoch in range(self.state.epoch + 1, self.max_epochs + 1):
+                if self.state.stop:
+                    break
                 self.epoch, t0 = epoch, time.perf_counter()
                 totals = self.train_one_epoch(epoch, bar)
                 stats = self.strategy.end_epoch(self.engine)  # ADPSGD/HYBRID: the consensus is part of the epoch
@@ -237,10 +244,12 @@ class Trainer:
         torch.manual_seed(self.conf.train.seed * 1_000_003 + epoch * 1009 + self.layout.rank)  # dropout masks
         self.engine.train()
         t0, totals, self.skipped.count = time.perf_counter(), EpochTotals(), 0
-        task = bar.add_task(f"epoch {epoch}/{self.epochs}", total=self.steps_per_epoch * self.accum,
+        of = f"{self.max_epochs}" if self.conf.optim.schedule == "fixed" else f"at most {self.max_epochs}"
+        task = bar.add_task(f"epoch {epoch} of {of}", total=self.steps_per_epoch * self.accum,
                             loss=0.0, fps=0.0)
         for micro_step, (batch, progress) in enumerate(self.strategy.batches(self.sampler, epoch, self.accum)):
-            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch - 1 + progress, self.epochs)
+            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch - 1 + progress,
+                                      self.state.anneal_from)
             for group in self.engine.optimizer.param_groups:
                 group["lr"] = totals.lr
             # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume
@@ -283,18 +292,39 @@ class Trainer:
                   **strategy_stats}
         self.state.epoch = epoch
         self.state.history.append(record)
+        self.plan_next_epoch()
         if self.is_main:
-            self.exp.save_checkpoint(self.state_dict(), epoch, self.conf.train.keep_checkpoints)
+            losses = {h["epoch"]: h["heldout_loss"] for h in self.state.history}
+            self.exp.save_checkpoint(self.state_dict(), epoch, self.conf.train.keep_checkpoints, losses)
             with open(self.exp.root / "train_log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             self.log_epoch(record)
         members.barrier()  # nobody goes on (or exits) while the checkpoint is written
 
+    def plan_next_epoch(self) -> None:
+        """The schedule's decision after an epoch: the same on every learner, whose held-out scores are sums over
+        all of them."""
+        optim, history, state = self.conf.optim, self.state.history, self.state
+        if optim.schedule == "newbob":
+            annealing = state.anneal_from
+            learning = no_learning(history[-1], 0) is None
+            plan = newbob([h["heldout_loss"] for h in history], state.anneal_from,
+                          fixed_anneal_start(optim, self.epochs) - 1, learning, optim)
+            state.anneal_from, state.stop = plan.anneal_from, plan.stop
+            if annealing is None and state.anneal_from is not None and self.is_main:
+                log.info("newbob: the held-out loss stopped improving; annealing from epoch %d", state.anneal_from)
+        limit = self.conf.train.max_minutes
+        if not state.stop and limit is not None and state.wall_s >= 60 * limit:
+            state.stop = f"train.max_minutes={limit} reached after {state.wall_s / 60:.1f} minutes"
+        if state.stop and self.is_main:
+            log.info("training ends after epoch %d: %s", state.epoch, state.stop)
+
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
-        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%d params=%d "
+        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%s params=%d "
                  "threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes, self.global_batch,
-                 self.node_batch, self.steps_per_epoch, self.epochs, count_parameters(self.engine.module),
+                 self.node_batch, self.steps_per_epoch, self.epochs if self.conf.optim.schedule == "fixed" else
+                 f"newbob (at most {self.max_epochs})", count_parameters(self.engine.module),
                  torch.get_num_threads())
 
     def log_step(self, epoch: int, progress: float, totals: EpochTotals, step, frames_per_s: float) -> None:
@@ -322,7 +352,8 @@ class Trainer:
         warning = no_learning(last, self.state.epoch * self.steps_per_epoch)  # the run ended on the plateau
         return {"strategy": self.strategy.name, "learners": self.layout.world_size, "nodes": self.layout.nodes,
                 "micro_batch": self.micro, "gradient_accumulation_steps": self.accum,
-                "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.epochs,
+                "global_batch": self.global_batch, "node_batch": self.node_batch, "epochs": self.state.epoch,
+                "schedule": self.conf.optim.schedule, "anneal_from": self.state.anneal_from, "stop": self.state.stop,
                 "params": count_parameters(self.engine.module), "wall_s": self.state.wall_s,
                 "train_frames_per_s": self.state.frames / max(self.state.wall_s, 1e-9),
                 "objective": self.conf.train.objective, "heldout_loss": last["heldout_loss"],

@@ -82,8 +82,8 @@ def test_bad_augmentation_settings_are_refused_by_name():
         load_config(None, ["augment.speed_perturb=[1.0,1.0]"])
     with pytest.raises(ConfigError, match="augment.freq_mask_width"):
         load_config(None, [f"augment.freq_mask_width={OmegaConf.structured(FeatureConf).n_mels + 1}"])
-    with pytest.raises(ConfigError, match="decode.average_last"):
-        load_config(None, ["decode.average_last=5", "train.keep_checkpoints=3"])
+    with pytest.raises(ConfigError, match="decode.average_best"):
+        load_config(None, ["decode.average_best=5", "train.keep_checkpoints=3"])
     with pytest.raises(ConfigError, match="needs a beam search"):
         load_config(None, ["decode.beam=0", "decode.lm_order=3"])
     for bad in (["decode.oov_penalty=-1"], ["decode.oov_penalty=10", "decode.lm_order=0"]):

@@ -66,6 +66,26 @@ def test_old_checkpoints_are_pruned_to_the_configured_count(tmp_path):
     assert [p.name for p in exp.checkpoints()] == ["epoch-004.pt", "epoch-005.pt"]
 
 
+def test_the_best_checkpoints_by_held_out_loss_are_kept_and_averaged(tmp_path, monkeypatch):
+    """A noisy small corpus: the best epochs are not the last ones. The latest stays for --resume."""
+    exp = Experiment(tmp_path)
+    monkeypatch.setattr(Experiment, "input_dim", 2)  # no data: a linear model, its weights [epoch, epoch]
+    exp.build_model = lambda input_dim: torch.nn.Linear(input_dim, 1, bias=False)
+    losses = {1: 0.29, 2: 0.22, 3: 0.43, 4: 0.27, 5: 0.13, 6: 0.17, 7: 0.27}
+    for epoch, loss in losses.items():
+        history = [{"epoch": e, "heldout_loss": losses[e]} for e in range(1, epoch + 1)]
+        checkpoint = {"model": {"weight": torch.full((1, 2), float(epoch))}, "epoch": epoch,
+                      "train_state": {"history": history}}
+        exp.save_checkpoint(checkpoint, epoch, keep=3, losses={e: losses[e] for e in range(1, epoch + 1)})
+    assert [p.name for p in exp.checkpoints()] == ["epoch-002.pt", "epoch-005.pt", "epoch-006.pt", "epoch-007.pt"]
+    model, meta = exp.load_model(average=3, within=None)  # epochs 2, 5 and 6
+    assert meta["averaged"] == ["epoch-002.pt", "epoch-005.pt", "epoch-006.pt"]
+    assert model.weight.flatten().tolist() == pytest.approx([13 / 3, 13 / 3])
+    model, meta = exp.load_model(average=3, within=0.5)  # 0.22 > 1.5 x 0.13: epoch 2 left out
+    assert meta["averaged"] == ["epoch-005.pt", "epoch-006.pt"] and model.weight.tolist() == [[5.5, 5.5]]
+    assert exp.load_model(average=1)[1]["epoch"] == 7  # the latest alone
+
+
 def test_checkpoints_never_unpickle_arbitrary_objects(tmp_path):
     exp = Experiment(tmp_path)
     (tmp_path / "checkpoints").mkdir()

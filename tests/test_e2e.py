@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 def test_run_sh_trains_and_reports(tmp_path):
     exp = tmp_path / "exp"
     args = ["--stage", "1", "--exp", str(exp), "--learners", "2", "--master-port", str(free_port()), *TINY,
-            "train.epochs=4", "decode.average_last=2", "decode.average_within=null"]
+            "train.epochs=4", "decode.average_best=2", "decode.average_within=null"]
     out = run_recipe(*args)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 

@@ -74,7 +74,17 @@ def test_a_run_that_does_not_learn_says_so(tiny_exp, tmp_path, capsys):
 
     exp = tmp_path / "exp"
     shutil.copytree(tiny_exp, exp)
-    metrics, _ = train_run(exp, "optim.lr=1e-7", "train.epochs=2")
+    # newbob never anneals on the plateau (where the loss stalls before anything is learnt): it runs to the end
+    metrics, _ = train_run(exp, "optim.lr=1e-7", "train.epochs=2", "optim.schedule=newbob", "train.max_epochs=2")
+    assert metrics["epochs"] == 2 and metrics["anneal_from"] is None and metrics["stop"] is None
     assert metrics["warning"].startswith("no learning yet after epoch 2 (12 optimizer updates): the held-out CER is")
     assert "Try more updates (train.epochs" in metrics["warning"] and train_log(exp)[-1]["cer"] > 0.9
     assert report(["--exp", str(exp)]) == 0 and "WARNING: no learning yet after epoch 2" in capsys.readouterr().out
+
+
+def test_training_stops_at_its_time_limit(tiny_exp, tmp_path):
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_exp, exp)
+    metrics, _ = train_run(exp, "train.max_minutes=0.0001", "train.epochs=3")
+    assert metrics["epochs"] == 1 and metrics["stop"].startswith("train.max_minutes=0.0001 reached after")
+    assert len(train_log(exp)) == 1

@@ -52,6 +52,8 @@ class DataConf:
     synth_test: int = 300  # utterances in the synthesized held-out set
     synth_seed: int = 0
     max_utt_seconds: float = 30.0  # longer utterances are skipped with a warning (memory of a padded batch)
+    # 0: all; N: N training utterances, evenly spaced in id order (Kaldi's utils/subset_data_dir.sh)
+    train_utterances: int = 0
 
 
 @dataclass
@@ -101,10 +103,16 @@ class OptimConf:
     base_batch: int = 16  # global batch that lr refers to
     batch_scaling: str = "sqrt"  # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p
     warmup_epochs: float = 0.3  # linear warm-up from 0 over this many epochs of global progress
-    # from this epoch on (1-based), lr *= anneal_factor every epoch; null: the epoch after the first half of
-    # training (3 of 4 epochs, 6 of 10: the schedules measured in ACCURACY.md), however many epochs it has
+    anneal_factor: float = 0.7071067811865476  # lr *= this every annealed epoch (1/sqrt(2), as in the paper)
+    # when annealing starts and training ends (recipe/lib/schedule.py): fixed: the planned epochs (train.epochs,
+    # train.min_updates), annealed over their second half; newbob: the peak lr while the held-out loss improves,
+    # then annealing, and the end when it no longer improves (at most train.max_epochs)
+    schedule: str = "newbob"
+    # fixed: the first annealed epoch (1-based); null: the epoch after the first half (3 of 4, 6 of 10). newbob
+    # never anneals before that epoch either
     anneal_start_epoch: Optional[int] = None
-    anneal_factor: float = 0.7071067811865476  # 1/sqrt(2), as in the paper
+    newbob_margin: float = 0.01  # newbob: an epoch improves when its held-out loss is 1% below the best before it
+    newbob_patience: int = 2  # ... and training ends after this many annealed epochs in a row that do not
 
 
 @dataclass
@@ -115,10 +123,11 @@ class TrainConf:
     # CTC needs to leave its all-blank plateau (700: the built-in corpus's 4 epochs make 748; ACCURACY.md sec. 5)
     min_updates: int = 700
     max_epochs: int = 40  # ... but no more than this many (recipe/lib/schedule.py planned_epochs)
+    max_minutes: Optional[float] = None  # either schedule: no epoch starts after this much training time
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
     log_interval: int = 20  # steps between progress lines
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # the best by held-out loss, besides the latest (which --resume continues)
     # a learner that hangs fails the others' collectives after this long (a dead one fails them at once)
     collective_timeout_s: float = 600.0
     max_bad_steps: int = 5  # optimizer steps in a row with a non-finite loss or gradient before the run stops
@@ -127,9 +136,10 @@ class TrainConf:
 @dataclass
 class DecodeConf:
     """The decode stage (recipe/evaluate.py); the per-epoch held-out scores during training stay greedy."""
-    average_last: int = 3  # average the weights of the last N epoch checkpoints (1: the last alone) ...
-    # ... those of them whose held-out loss is at most (1 + average_within) x the best of them (null: all): an
-    # epoch still far from converged pulls the average off (ACCURACY.md section 3: better on 6 runs of 6)
+    # average the weights of the N checkpoints of lowest held-out loss (1: the latest alone) ...
+    average_best: int = 3
+    # ... those of them whose held-out loss is at most (1 + average_within) x the best (null: all): an epoch still
+    # far from converged pulls the average off (ACCURACY.md section 5: better on 6 runs of 6)
     average_within: Optional[float] = 0.2
     beam: int = 8  # CTC prefix beam search of this width (recipe/lib/decode.py); 0 = greedy
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
@@ -158,6 +168,7 @@ CHOICES = {
     "features.cmvn": ("global", "speaker", "utterance", "none"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
+    "optim.schedule": ("fixed", "newbob"),
 }
 
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*=")
@@ -207,9 +218,15 @@ def validate(cfg: DictConfig) -> None:
                           "the first half of training)")
     if cfg.decode.average_within is not None and not cfg.decode.average_within >= 0:
         raise ConfigError(f"decode.average_within={cfg.decode.average_within} must be >= 0 (or null: no filter)")
-    if not 1 <= cfg.decode.average_last <= cfg.train.keep_checkpoints:
-        raise ConfigError(f"decode.average_last={cfg.decode.average_last} must be in [1, train.keep_checkpoints="
+    if not 1 <= cfg.decode.average_best <= cfg.train.keep_checkpoints:
+        raise ConfigError(f"decode.average_best={cfg.decode.average_best} must be in [1, train.keep_checkpoints="
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
+    if not 0 <= cfg.optim.newbob_margin < 1 or cfg.optim.newbob_patience < 1:
+        raise ConfigError(f"optim.newbob_margin={cfg.optim.newbob_margin} must be in [0, 1) and "
+                          f"optim.newbob_patience={cfg.optim.newbob_patience} >= 1")
+    if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0 or cfg.data.train_utterances < 0:
+        raise ConfigError(f"train.max_minutes={cfg.train.max_minutes} must be > 0 (or null) and "
+                          f"data.train_utterances={cfg.data.train_utterances} >= 0")
     if cfg.decode.beam < 0 or cfg.decode.lm_order < 0:
         raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {cfg.decode.beam}, {cfg.decode.lm_order}")
     has_lm = bool(cfg.decode.lm_order or cfg.decode.lm_arpa)

@@ -106,7 +106,9 @@ class Experiment:
         found = [p for p in self.checkpoint_dir.glob("epoch-*.pt") if re.fullmatch(r"epoch-\d+\.pt", p.name)]
         return sorted(found)
 
-    def save_checkpoint(self, state: dict, epoch: int, keep: int) -> Path:
+    def save_checkpoint(self, state: dict, epoch: int, keep: int, losses: dict[int, float] | None = None) -> Path:
+        """Writes epoch's checkpoint; keeps the latest (for --resume) and the `keep` best by held-out loss
+        (`losses`: epoch -> loss; without them, the latest `keep`)."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"epoch-{epoch:03d}.pt"
         tmp = path.with_name(path.name + ".tmp")
@@ -117,8 +119,11 @@ class Experiment:
             tmp.unlink(missing_ok=True)
             raise OSError(f"{path}: checkpoint not written ({err}); the previous checkpoints are intact: "
                           f"{', '.join(p.name for p in self.checkpoints()) or 'none'}") from err
-        for old in self.checkpoints()[:-keep]:
-            old.unlink()
+        found = self.checkpoints()
+        kept = set(found[-1:]) | set(best_by_loss(found, [(losses or {}).get(epoch_of(p)) for p in found], keep))
+        for old in found:
+            if old not in kept:
+                old.unlink()
         return path
 
     def load_checkpoint(self, path: str | Path | None = None) -> dict:
@@ -132,18 +137,19 @@ class Experiment:
         state["path"] = str(path)
         return state
 
-    def load_model(self, path: str | Path | None = None, average_last: int = 1,
+    def load_model(self, path: str | Path | None = None, average: int = 1,
                    within: float | None = None) -> tuple[LSTMAcousticModel, dict]:
-        """The model of a checkpoint (default: the latest), or the average of the last `average_last` epochs'
-        weights, or of all there are if fewer (icefall's and ESPnet's practice: it smooths the epoch-to-epoch
-        swings of a small corpus). within: only the checkpoints whose held-out loss is at most (1 + within) x
-        the best of them are averaged; an epoch still far from the others (training not converged yet) would
+        """The model of a checkpoint (default: the latest), or the average of the weights of the `average`
+        checkpoints of lowest held-out loss, or of all there are if fewer (ESPnet's practice: it smooths the
+        epoch-to-epoch swings of a small corpus). within: of those, only the ones whose held-out loss is at most
+        (1 + within) x the best are averaged; an epoch far from the others (training not converged yet) would
         pull the average off (None: all of them)."""
         state = self.load_checkpoint(path)
         model = self.build_model(self.input_dim)
-        if path is None and average_last > 1:
-            found = [self.load_checkpoint(p) for p in self.checkpoints()[-average_last:]]
-            chosen = close_to_the_best(found, within) if within is not None else found
+        if path is None and average > 1:
+            found = [self.load_checkpoint(p) for p in self.checkpoints()]
+            best = best_by_loss(found, [heldout_loss(c) for c in found], average)
+            chosen = close_to_the_best(best, within) if within is not None else best
             state = chosen[-1]  # the latest of them: its path and epoch describe the model
             if len(chosen) > 1:
                 state["model"] = average_weights([s["model"] for s in chosen])
@@ -152,10 +158,28 @@ class Experiment:
         return model, state
 
 
+def epoch_of(checkpoint: Path) -> int:
+    return int(checkpoint.stem.split("-")[1])
+
+
+def heldout_loss(checkpoint: dict) -> float | None:
+    """The held-out loss of the epoch a checkpoint ends, from the training state it carries."""
+    return checkpoint.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss")
+
+
+def best_by_loss(items: list, losses: list[float | None], n: int) -> list:
+    """The n items of lowest loss, in their order; a missing or non-finite loss counts as the worst, and of
+    equal losses the later item is preferred."""
+    def rank(i: int) -> tuple[float, int]:
+        loss = losses[i]
+        return (loss if loss is not None and math.isfinite(loss) else math.inf, -i)
+    return [items[i] for i in sorted(sorted(range(len(items)), key=rank)[:n])]
+
+
 def close_to_the_best(checkpoints: list[dict], within: float) -> list[dict]:
-    """The checkpoints whose epoch's held-out loss (from the training state they carry) is at most (1 + within)
-    x the lowest finite one; one without a recorded loss is kept, and all are when none is finite."""
-    losses = [c.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss") for c in checkpoints]
+    """The checkpoints whose epoch's held-out loss is at most (1 + within) x the lowest finite one; one without a
+    recorded loss is kept, and all are when none is finite."""
+    losses = [heldout_loss(c) for c in checkpoints]
     best = min((loss for loss in losses if loss is not None and math.isfinite(loss)), default=None)
     return [c for c, loss in zip(checkpoints, losses) if best is None or loss is None or loss <= (1 + within) * best]
 

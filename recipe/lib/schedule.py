@@ -1,9 +1,20 @@
-"""Learning rate as a pure function of global progress (epochs done, fractional), so that a resumed run and
-a run with a different number of learners follow the same curve."""
+"""The learning rate and the length of training.
+
+The rate is a function of global progress (epochs done, fractional) and of the epoch annealing starts from, so
+that a resumed run and a run with a different number of learners follow the same curve. Two schedules decide
+that epoch and when training ends (`optim.schedule`):
+
+- fixed: `planned_epochs` epochs, annealing over their second half (the paper's study compares strategies at a
+  fixed number of epochs);
+- newbob (Kaldi nnet1's schedule, with patience): the peak rate for as long as the held-out loss improves,
+  then annealing every epoch, and the end once it has stopped improving; how long that takes follows from the
+  corpus, not from an epoch count tuned on another one.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def scaled_lr(optim, global_batch: int) -> float:
@@ -12,15 +23,15 @@ def scaled_lr(optim, global_batch: int) -> float:
     return optim.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[optim.batch_scaling]
 
 
-def learning_rate(optim, global_batch: int, progress: float, epochs: int) -> float:
-    """progress: epochs completed so far, e.g. 2.5 halfway through the third epoch, of `epochs` in all."""
+def learning_rate(optim, global_batch: int, progress: float, anneal_from: int | None) -> float:
+    """progress: epochs completed so far, e.g. 2.5 halfway through the third epoch; anneal_from: the first
+    annealed epoch (1-based), None while the schedule has not annealed."""
     lr = scaled_lr(optim, global_batch)
     if progress < optim.warmup_epochs:
         lr *= progress / optim.warmup_epochs
     epoch = math.floor(progress) + 1  # 1-based epoch being trained
-    anneal_start = optim.anneal_start_epoch if optim.anneal_start_epoch is not None else epochs // 2 + 1
-    if epoch >= anneal_start:
-        lr *= optim.anneal_factor ** (epoch - anneal_start + 1)
+    if anneal_from is not None and epoch >= anneal_from:
+        lr *= optim.anneal_factor ** (epoch - anneal_from + 1)
     return lr
 
 
@@ -30,3 +41,37 @@ def planned_epochs(train, updates_per_epoch: int) -> int:
     train.max_epochs."""
     needed = math.ceil(train.min_updates / max(updates_per_epoch, 1))
     return max(train.epochs, min(train.max_epochs, needed))
+
+
+def fixed_anneal_start(optim, epochs: int) -> int:
+    """optim.anneal_start_epoch, or the epoch after the first half of `epochs`."""
+    return optim.anneal_start_epoch if optim.anneal_start_epoch is not None else epochs // 2 + 1
+
+
+@dataclass
+class Plan:
+    """What the schedule decided after an epoch."""
+
+    anneal_from: int | None  # the first annealed epoch; None: not annealing yet
+    stop: str | None  # why training ends after this epoch; None: it goes on
+
+
+def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning: bool, optim) -> Plan:
+    """After the epochs whose held-out losses are `losses` (the last one just trained): an epoch *improves* when
+    its loss is below (1 - optim.newbob_margin) x the best before it. Annealing starts after the first epoch
+    that does not improve, once `earliest` epochs are done and the model is `learning` (off CTC's all-blank
+    plateau, where the loss stalls before anything is learnt); training ends after optim.newbob_patience
+    annealed epochs in a row that do not improve (a single bad epoch of a noisy small corpus does not end it)."""
+    epoch = len(losses)
+    best_before = [min((x for x in losses[:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
+    improved = [loss < (1 - optim.newbob_margin) * best for loss, best in zip(losses, best_before)]
+    if anneal_from is None:
+        if epoch >= earliest and learning and not improved[-1]:
+            return Plan(epoch + 1, None)
+        return Plan(None, None)
+    annealed = improved[anneal_from - 1:]
+    stalled = len(annealed) - max((i + 1 for i, up in enumerate(annealed) if up), default=0)
+    if stalled >= optim.newbob_patience:
+        return Plan(anneal_from, f"the held-out loss did not improve by {optim.newbob_margin:.0%} in the last "
+                                 f"{stalled} annealed epochs")
+    return Plan(anneal_from, None)
