@@ -89,3 +89,19 @@ def test_bad_augmentation_settings_are_refused_by_name():
     for bad in (["decode.oov_penalty=-1"], ["decode.oov_penalty=10", "decode.lm_order=0"]):
         with pytest.raises(ConfigError, match="decode.oov_penalty"):
             load_config(None, bad)
+
+
+def test_unset_augmentation_follows_the_corpus_and_a_setting_wins(tmp_path):
+    synth, recorded = load_config(None, []).augment, load_config(None, ["data.corpus=fsdd"]).augment
+    assert (list(synth.speed_perturb), synth.freq_masks, synth.time_masks, synth.time_warp) == ([1.0], 0, 0, 0)
+    assert (list(recorded.speed_perturb), recorded.freq_masks, recorded.time_masks, recorded.time_warp) == (
+        [0.9, 1.0, 1.1], 2, 2, 5)
+    mine = load_config(None, ["data.corpus=fsdd", "augment.time_warp=0", "augment.speed_perturb=[1.0]"]).augment
+    assert (list(mine.speed_perturb), mine.freq_masks, mine.time_warp) == ([1.0], 2, 0)
+    assert load_config(None, ["augment.freq_masks=3"]).augment.freq_masks == 3  # the built-in corpus too
+    # frame CE's alignments and a data dir's own Kaldi features: nothing that moves frames or needs audio
+    ce = load_config(None, ["data.corpus=fsdd", "train.objective=ce", "model.stack=1"]).augment
+    assert (list(ce.speed_perturb), ce.time_warp, ce.freq_masks) == ([1.0], 0, 2)
+    (tmp_path / "feats.scp").write_text("u1 feats.ark:5\n")
+    kaldi = load_config(None, ["data.corpus=kaldi", f"data.train_dir={tmp_path}", f"data.test_dir={tmp_path}"])
+    assert list(kaldi.augment.speed_perturb) == [1.0] and kaldi.augment.time_warp == 5
