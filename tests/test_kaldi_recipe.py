@@ -51,7 +51,7 @@ def settings(root) -> list[str]:
             f"data.train_ivectors={root / 'train_ivectors_spk.txt'}",
             f"data.test_ivectors={root / 'test_ivectors_spk.txt'}", "train.objective=ce", "model.stack=1",
             "model.layers=1", "model.hidden=32", "data.chunk_frames=21", "train.epochs=3", "optim.lr=1e-2",
-            "optim.base_batch=8", "train.min_updates=0", "train.log_interval=1000"]
+            "optim.base_batch=8", "train.min_updates=0", "optim.schedule=fixed", "train.log_interval=1000"]
 
 
 @pytest.fixture

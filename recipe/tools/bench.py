@@ -145,8 +145,10 @@ def prepare_subset(work: Path, utterances: int, epochs: int) -> tuple[Path, list
     from recipe.prepare import main as prepare
 
     base = work / f"base-{utterances}"
-    # exactly `epochs` (min_updates 0): the arms and the study compare strategies after the same epochs
-    subset = [f"data.synth_train={utterances}", "data.synth_test=100", f"train.epochs={epochs}", "train.min_updates=0"]
+    # exactly `epochs` (the fixed schedule, min_updates 0): the arms and the study compare strategies after the
+    # same epochs
+    subset = [f"data.synth_train={utterances}", "data.synth_test=100", f"train.epochs={epochs}", "train.min_updates=0",
+              "optim.schedule=fixed"]
     if not (base / "features.json").is_file():
         for stage in ("data", "features"):
             assert prepare([stage, "--exp", str(base), "--work", str(work), *subset]) == 0

@@ -49,7 +49,7 @@ ROW_BYTES = DIM * 4
 DS_CONFIG = {"train_micro_batch_size_per_gpu": 64, "gradient_accumulation_steps": 1, "gradient_clipping": 5.0,
              "steps_per_print": 1000000, "wall_clock_breakdown": False, "comm": {"strategy": "sync"}}
 MODEL = ["train.objective=ce", "model.stack=1", f"data.chunk_frames={CHUNK}", "model.layers=1", "model.hidden=64",
-         "model.bidirectional=false", "model.dropout=0.0", "train.epochs=1", "train.min_updates=0",
+         "model.bidirectional=false", "model.dropout=0.0", "train.epochs=1", "train.min_updates=0", "optim.schedule=fixed",
          "train.log_interval=1000000",
          "optim.base_batch=64"]
 
