@@ -90,7 +90,8 @@ def test_learning_rate_schedule():
 
 
 def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_no_longer_helps():
-    optim = load_config(None, ["optim.newbob_margin=0.01", "optim.newbob_patience=2"]).optim
+    optim = load_config(None, ["optim.newbob_margin=0.01", "optim.newbob_patience=2",
+                               "optim.newbob_anneal_epochs=4"]).optim
 
     def run(losses, earliest=2, learning=True):
         """Replays the schedule's decisions epoch by epoch, as training makes them."""
@@ -112,6 +113,8 @@ def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_n
     assert run([3.0, 3.1, 3.2, 3.0], earliest=3) == (4, None)
     assert run([2.9, 2.9, 2.9, 2.9], learning=False) == (None, None)  # ... nor on the all-blank plateau
     assert run([float("nan"), 2.0, 2.1, 2.2, 2.3]) == (4, 5)  # a non-finite loss is never the best
+    # a loss that keeps falling: at most 4 annealed epochs
+    assert run([3.0, 1.0, 0.5, 0.498, 0.3, 0.2, 0.1, 0.05, 0.02]) == (5, 8)
 
 
 def test_a_small_corpus_or_a_large_batch_gets_enough_updates():

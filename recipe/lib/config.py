@@ -137,8 +137,11 @@ class OptimConf:
     # fixed: the first annealed epoch (1-based); null: the epoch after the first half (3 of 4, 6 of 10). newbob
     # never anneals before that epoch either
     anneal_start_epoch: Optional[int] = None
-    newbob_margin: float = 0.01  # newbob: an epoch improves when its held-out loss is 1% below the best before it
-    newbob_patience: int = 2  # ... and training ends after this many annealed epochs in a row that do not
+    # newbob: an epoch improves when its held-out loss is this fraction below the best before it; 0.1: the
+    # built-in corpus anneals at epoch 5-6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
+    newbob_margin: float = 0.1
+    newbob_patience: int = 2  # training ends after this many annealed epochs in a row that do not improve ...
+    newbob_anneal_epochs: int = 4  # ... or after this many annealed epochs (lr down to 1/4 of the peak)
 
 
 @dataclass
@@ -248,9 +251,10 @@ def validate(cfg: DictConfig) -> None:
     if not 1 <= cfg.decode.average_best <= cfg.train.keep_checkpoints:
         raise ConfigError(f"decode.average_best={cfg.decode.average_best} must be in [1, train.keep_checkpoints="
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
-    if not 0 <= cfg.optim.newbob_margin < 1 or cfg.optim.newbob_patience < 1:
-        raise ConfigError(f"optim.newbob_margin={cfg.optim.newbob_margin} must be in [0, 1) and "
-                          f"optim.newbob_patience={cfg.optim.newbob_patience} >= 1")
+    if not 0 <= cfg.optim.newbob_margin < 1 or min(cfg.optim.newbob_patience, cfg.optim.newbob_anneal_epochs) < 1:
+        raise ConfigError(f"optim.newbob_margin={cfg.optim.newbob_margin} must be in [0, 1), and "
+                          f"optim.newbob_patience={cfg.optim.newbob_patience} and optim.newbob_anneal_epochs="
+                          f"{cfg.optim.newbob_anneal_epochs} >= 1")
     if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0 or cfg.data.train_utterances < 0:
         raise ConfigError(f"train.max_minutes={cfg.train.max_minutes} must be > 0 (or null) and "
                           f"data.train_utterances={cfg.data.train_utterances} >= 0")

@@ -60,8 +60,10 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
     """After the epochs whose held-out losses are `losses` (the last one just trained): an epoch *improves* when
     its loss is below (1 - optim.newbob_margin) x the best before it. Annealing starts after the first epoch
     that does not improve, once `earliest` epochs are done and the model is `learning` (off CTC's all-blank
-    plateau, where the loss stalls before anything is learnt); training ends after optim.newbob_patience
-    annealed epochs in a row that do not improve (a single bad epoch of a noisy small corpus does not end it)."""
+    plateau, where the loss stalls before anything is learnt). Training ends after optim.newbob_patience
+    annealed epochs in a row that do not improve (a single bad epoch of a noisy small corpus does not end it),
+    or after optim.newbob_anneal_epochs annealed epochs (a loss that keeps falling by a margin of itself as it
+    nears 0, on an easy corpus, would otherwise keep training for little gain)."""
     epoch = len(losses)
     best_before = [min((x for x in losses[:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
     improved = [loss < (1 - optim.newbob_margin) * best for loss, best in zip(losses, best_before)]
@@ -74,4 +76,6 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
     if stalled >= optim.newbob_patience:
         return Plan(anneal_from, f"the held-out loss did not improve by {optim.newbob_margin:.0%} in the last "
                                  f"{stalled} annealed epochs")
+    if len(annealed) >= optim.newbob_anneal_epochs:
+        return Plan(anneal_from, f"{len(annealed)} annealed epochs (optim.newbob_anneal_epochs)")
     return Plan(anneal_from, None)
