@@ -75,15 +75,16 @@ def test_layout_validation_prints_every_factor():
 def test_learning_rate_schedule():
     optim = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=1",
                                "optim.batch_scaling=linear"]).optim
-    assert learning_rate(optim, 256, 0.5, 3) == pytest.approx(0.05)  # halfway through warm-up
-    assert learning_rate(optim, 256, 1.5, 3) == pytest.approx(0.1)
-    assert learning_rate(optim, 1024, 1.5, 3) == pytest.approx(0.4)  # linear scaling with the global batch
-    assert learning_rate(optim, 256, 2.5, 3) == pytest.approx(0.1 / 2 ** 0.5)  # epoch 3: first anneal
-    assert learning_rate(optim, 256, 3.5, 3) == pytest.approx(0.05)  # epoch 4: (1/sqrt 2)^2
-    assert learning_rate(optim, 256, 3.5, None) == pytest.approx(0.1)  # newbob, not annealing yet
+    assert learning_rate(optim, 256, 1, 0.5, 3) == pytest.approx(0.05)  # halfway through warm-up
+    assert learning_rate(optim, 256, 2, 0.5, 3) == pytest.approx(0.1)
+    assert learning_rate(optim, 1024, 2, 0.5, 3) == pytest.approx(0.4)  # linear scaling with the global batch
+    assert learning_rate(optim, 256, 2, 1.0, 3) == pytest.approx(0.1)  # an epoch's last step: still its rate
+    assert learning_rate(optim, 256, 3, 0.5, 3) == pytest.approx(0.1 / 2 ** 0.5)  # epoch 3: first anneal
+    assert learning_rate(optim, 256, 4, 0.5, 3) == pytest.approx(0.05)  # epoch 4: (1/sqrt 2)^2
+    assert learning_rate(optim, 256, 4, 0.5, None) == pytest.approx(0.1)  # newbob, not annealing yet
     sqrt = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=0",
                               "optim.batch_scaling=sqrt"]).optim
-    assert learning_rate(sqrt, 1024, 0.5, None) == pytest.approx(0.2)
+    assert learning_rate(sqrt, 1024, 1, 0.5, None) == pytest.approx(0.2)
     # the fixed schedule anneals from anneal_start_epoch, unset: after the first half, 3 of 4, 16 of 30
     assert fixed_anneal_start(sqrt, 4) == 3 and fixed_anneal_start(sqrt, 30) == 16
     assert fixed_anneal_start(load_config(None, ["optim.anneal_start_epoch=6"]).optim, 30) == 6

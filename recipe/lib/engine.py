@@ -76,7 +76,7 @@ def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_b
     conf = exp.conf
     torch.manual_seed(conf.train.seed)
     model = exp.build_model(input_dim)
-    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 0.0, None))
+    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 1, 0.0, None))
     return build_engine(model, optimizer, engine_conf, strategy)
 
 

@@ -23,13 +23,13 @@ def scaled_lr(optim, global_batch: int) -> float:
     return optim.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[optim.batch_scaling]
 
 
-def learning_rate(optim, global_batch: int, progress: float, anneal_from: int | None) -> float:
-    """progress: epochs completed so far, e.g. 2.5 halfway through the third epoch; anneal_from: the first
-    annealed epoch (1-based), None while the schedule has not annealed."""
+def learning_rate(optim, global_batch: int, epoch: int, done: float, anneal_from: int | None) -> float:
+    """The lr in epoch `epoch` (1-based) once the fraction `done` of it is trained (1.0: its last step, still
+    this epoch's rate); anneal_from: the first annealed epoch, None while the schedule has not annealed."""
     lr = scaled_lr(optim, global_batch)
+    progress = epoch - 1 + done  # epochs of global progress
     if progress < optim.warmup_epochs:
         lr *= progress / optim.warmup_epochs
-    epoch = math.floor(progress) + 1  # 1-based epoch being trained
     if anneal_from is not None and epoch >= anneal_from:
         lr *= optim.anneal_factor ** (epoch - anneal_from + 1)
     return lr
