@@ -6,10 +6,11 @@ from comm.distributed import init_distributed
 from comm.faults import FaultInjector
 from comm.hybrid import HybridStrategy
 from comm.layout import LayoutError, ProcessLayout
+from comm.localsgd import LocalSGDStrategy
 from comm.sync import SyncStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {"sync": SyncStrategy, "adpsgd": ADPSGDStrategy,
-                                         "hybrid": HybridStrategy}
+                                         "hybrid": HybridStrategy, "localsgd": LocalSGDStrategy}
 
 
 def build_strategy(comm_section: dict, layout: ProcessLayout, heartbeat=None) -> Strategy:

@@ -5,7 +5,7 @@ Started once per learner by the deepspeed launcher (run.sh builds the command):
     deepspeed --num_gpus N --module recipe.train --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
 
 The distributed strategy is chosen by the JSON's "comm" section and reached only through its interface
-(comm/base.py), so this loop is the same for SYNC, ADPSGD and HYBRID. Every epoch ends with a held-out
+(comm/base.py), so this loop is the same for SYNC, ADPSGD, HYBRID and LOCALSGD. Every epoch ends with a held-out
 evaluation (sharded over the learners, totals summed) and an atomic checkpoint that carries the TrainState;
 --resume continues from the latest one and, for SYNC, reproduces an uninterrupted run bit for bit: batches and
 dropout masks are pure functions of (seed, epoch, rank), and the learning rate a pure function of global
@@ -359,7 +359,8 @@ class Trainer:
                 **{k: last[k] for k in SCORE_KEYS if k in last},
                 "train_utterances": self.train_set.num_utterances, "test_utterances": self.test_set.num_utterances,
                 "skipped": {"train": dict(self.train_set.skipped), "test": dict(self.test_set.skipped)},
-                **{k: v for k, v in last.items() if k.startswith(("gossip_", "boundary_", "consensus_", "lost_"))},
+                **{k: v for k, v in last.items()
+                   if k.startswith(("gossip_", "boundary_", "consensus_", "lost_", "averaging_"))},
                 "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else
                              "fp16" if engine_conf.get("fp16", {}).get("enabled") else "fp32",
                 **({"warning": warning} if warning else {})}

@@ -1,0 +1,111 @@
+"""LOCALSGD (torch's periodic model averaging) on real processes (gloo over localhost): the learners part between
+averages and are equal after each and after an epoch; with period 1 it is SYNC for plain SGD; its warm-up is SYNC
+for any optimizer; bad options are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from comm import ProcessLayout, build_strategy
+from tests.conftest import REPO, TINY, run_learners, train_learner, train_log
+
+
+@pytest.mark.parametrize("comm, message", [
+    ({"perod": 4}, r"options \['perod'\] are unknown to strategy 'localsgd'"),
+    ({"period": 0}, r"comm\.period must be an integer >= 1, got 0"),
+    ({"period": 2.5}, r"comm\.period must be an integer >= 1, got 2\.5"),
+    ({"warmup_steps": -1}, r"comm\.warmup_steps must be an integer >= 0, got -1"),
+])
+def test_bad_options_are_refused_naming_the_key(comm, message):
+    with pytest.raises(ValueError, match=message):
+        build_strategy({"strategy": "localsgd", **comm}, ProcessLayout(world_size=4))
+
+
+def steps_of(rank: int, world: int, comm: dict, steps: int, optim: str, clip: float) -> dict:
+    """`steps` optimizer steps of recipe/lib/engine.py's train_step under the strategy `comm`, each learner on
+    its own batches (the same ones whatever the strategy) -> the weights after each step, and after end_epoch."""
+    from comm import ProcessLayout, build_strategy, init_distributed
+    from model.lstm import LSTMAcousticModel
+    from recipe.lib.engine import SGD, Adam, build_engine, train_step
+
+    init_distributed()
+    strategy = build_strategy(comm, ProcessLayout.from_env())
+    torch.manual_seed(0)
+    model = LSTMAcousticModel(input_dim=12, output_dim=6, layers=1, hidden=16, dropout=0.0, stack=2)
+    optimizer = SGD(model.parameters(), lr=0.1) if optim == "sgd" else Adam(model.parameters(), lr=0.01)
+    engine = build_engine(model, optimizer, {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": clip},
+                          strategy)
+
+    def flat():
+        return torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
+
+    g = torch.Generator().manual_seed(rank)  # every learner its own data
+    after = []
+    for _ in range(steps):
+        batch = {"feats": torch.randn(3, 20, 12, generator=g), "lengths": torch.tensor([20, 18, 16]),
+                 "targets": torch.randint(1, 6, (6,), generator=g), "target_lengths": torch.tensor([2, 2, 2])}
+        assert train_step(engine, strategy, batch).applied
+        after.append(flat())
+    stats = strategy.end_epoch(engine)
+    strategy.close()
+    return {"after": after, "end": flat(), "stats": stats}
+
+
+@pytest.mark.slow
+def test_learners_part_between_averages_and_agree_after_each_and_after_the_epoch():
+    # warm-up 1: step 0 is synchronous; then torch's averager averages after steps 1 and 4 (1 + k x 3)
+    out = run_learners(steps_of, 2, {"strategy": "localsgd", "period": 3, "warmup_steps": 1}, 6, "adam", 5.0)
+    same = [torch.equal(out[0]["after"][i], out[1]["after"][i]) for i in range(6)]
+    assert same == [True, True, False, False, True, False], same
+    assert torch.equal(out[0]["end"], out[1]["end"])  # the epoch's average: one model
+    assert not torch.equal(out[0]["end"], out[0]["after"][-1])  # ... that moved the weights
+    for o in out:
+        stats = o["stats"]
+        assert 0 < stats["consensus_distance"] < 0.05, stats  # apart after step 5, by a little
+        assert (stats["averaging_rounds"], stats["averaging_grad_allreduces"]) == (3, 1)  # 2 periodic + the epoch's
+
+
+@pytest.mark.slow
+def test_with_period_1_plain_sgd_is_sync_and_the_warm_up_is_sync_for_adam_with_clipping():
+    """Averaging the weights after a plain SGD step from equal weights averages the gradients: period 1 (no
+    clipping: each learner would clip its own gradient, SYNC clips their average) is SYNC up to rounding. The
+    warm-up averages the gradients before the step, so it is SYNC for any optimizer, clipping included."""
+    sgd = {"optim": "sgd", "clip": 0.0}
+    local = run_learners(steps_of, 2, {"strategy": "localsgd", "period": 1, "warmup_steps": 0}, 3, *sgd.values())
+    sync = run_learners(steps_of, 2, {"strategy": "sync"}, 3, *sgd.values())
+    for i in range(3):
+        torch.testing.assert_close(local[0]["after"][i], sync[0]["after"][i], rtol=0, atol=1e-6)
+        assert torch.equal(local[0]["after"][i], local[1]["after"][i])
+    adam = {"optim": "adam", "clip": 0.05}  # a clip this small acts at every step
+    warm = run_learners(steps_of, 2, {"strategy": "localsgd", "period": 4, "warmup_steps": 3}, 3, *adam.values())
+    sync = run_learners(steps_of, 2, {"strategy": "sync"}, 3, *adam.values())
+    for i in range(3):
+        torch.testing.assert_close(warm[0]["after"][i], sync[0]["after"][i], rtol=0, atol=1e-6)
+        assert torch.equal(warm[0]["after"][i], warm[1]["after"][i])
+    assert warm[0]["stats"]["averaging_grad_allreduces"] == 3
+
+
+@pytest.mark.slow
+def test_localsgd_trains_through_the_recipe(tiny_exp, tmp_path):
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_exp, exp)
+    ds = json.loads((REPO / "ds_configs" / "localsgd.json").read_text())
+    ds["comm"].update(period=2, warmup_steps=2)
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    out = run_learners(train_learner, 2, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"), *TINY,
+                                          "train.epochs=2"])
+    log = train_log(exp)
+    steps = log[0]["learner_micro_steps"]
+    assert steps[0] == steps[1] and all(r["learner_micro_steps"] == steps for r in log)  # dealt by rank
+    averages, done = 0, 0
+    for record in log:  # torch's schedule: after steps 2, 4, 6, ... (warm-up 2, period 2), and at each epoch's end
+        averaged = [s >= 2 and (s - 2) % 2 == 0 for s in range(done, done + steps[0])]
+        averages, done = averages + sum(averaged) + 1, done + steps[0]
+        assert record["averaging_rounds"] == averages and record["averaging_grad_allreduces"] == 2, record
+        assert (record["consensus_distance"] == 0) == averaged[-1], record  # apart unless the last step averaged
+    assert log[-1]["train_loss"] < log[0]["train_loss"]
+    assert out[0]["strategy"] == "localsgd" and out[0]["averaging_rounds"] == averages
