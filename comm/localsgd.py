@@ -136,9 +136,9 @@ class LocalSGDStrategy(Strategy):
         with torch.no_grad():
             proxy = torch.nn.Parameter(torch.cat([w.detach().reshape(-1).float() for w in masters]))
         proxy.grad = torch.zeros((), dtype=proxy.dtype).expand_as(proxy)  # kept by its filter; no memory
-        before = proxy.data
+        before = proxy.data_ptr()  # torch rebinds .data to its averaged buffer when it averages
         self.averager.average_parameters([proxy])
-        if proxy.data is before:  # not an averaging step
+        if proxy.data_ptr() == before:  # not an averaging step
             return
         self._write(proxy.data)
         self.averages += 1

@@ -45,7 +45,7 @@ def test_every_shipped_config_loads():
 
 
 def test_strategy_registry_rejects_unknown_names_and_options():
-    with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: adpsgd, hybrid, sync"):
+    with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: adpsgd, hybrid, localsgd, sync"):
         build_strategy({"strategy": "asgd"}, ProcessLayout())
     with pytest.raises(ValueError, match=r"options \['period'\] are unknown to strategy 'sync'"):
         build_strategy({"strategy": "sync", "period": 2}, ProcessLayout())
