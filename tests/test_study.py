@@ -15,8 +15,11 @@ TINY_MODEL = [o for o in TINY if o.startswith(("model.", "optim."))]
 def test_the_plan_runs_every_setting_once_and_shares_the_base_runs():
     runs = plan(StudyConf())
     names = [r["name"] for r in runs]
-    assert len(runs) == 3 + 2 * (3 + 3)  # strategies; SYNC and ADPSGD x (3 batch sizes + 3 slowdowns)
+    # strategies; SYNC and ADPSGD x (3 batch sizes + 3 slowdowns); LOCALSGD x 2 slowdowns
+    assert len(runs) == 4 + 2 * (3 + 3) + 2
     assert len(set(names)) == len(runs) - 2  # the 1x batch and the 1x slowdown are the same run
+    assert [r["name"] for r in runs if r["strategy"] == "localsgd"] == ["strategy-localsgd", "base-localsgd",
+                                                                        "straggler2x-localsgd"]
     assert {r["part"] for r in runs if r["name"] == "base-adpsgd"} == {"batch", "stragglers"}
     assert [r["engine"]["train_micro_batch_size_per_gpu"] for r in runs if r["part"] == "batch"] == [8, 32, 128] * 2
     assert next(r for r in runs if r["name"] == "straggler4x-sync")["comm"] == {"debug": {"slowdown": {"1": 4.0}}}
@@ -25,22 +28,25 @@ def test_the_plan_runs_every_setting_once_and_shares_the_base_runs():
 @pytest.mark.slow
 def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
     args = [f"exp={tmp_path / 'study'}", "utterances=64", "epochs=1", "learners=2", "nodes=2",
-            "batch_multipliers=[1,2]", "slowdowns=[2]", f"overrides=[{','.join(TINY_MODEL)}]"]
+            "batch_multipliers=[1,2]", "slowdowns=[2]", "localsgd_slowdowns=[2]",
+            f"overrides=[{','.join(TINY_MODEL)}]"]
     assert main(args) == 0
     report = (tmp_path / "study" / "report.md").read_text()
     for title in ("## 1. Strategies", "## 2. Global batch", "## 3. Learner 1 slowed"):
         assert title in report
     parts = report.split("## 4. Time to target")
     assert parts[0].count("| SYNC |") == 1 + 2 + 1 and parts[0].count("| HYBRID |") == 1
+    assert parts[0].count("| LOCALSGD |") == 1 + 1  # part 1 and its 2x straggler
     assert parts[1].count("| SYNC |") == 1 + 2 + 1  # every run again, with its time to the target
     rows = [line for line in parts[1].splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 3 + 2 * 3 and all(line.endswith(("| reached |", "| not reached |", "at the end |"))
+    assert len(rows) == 4 + 2 * 3 + 1 and all(line.endswith(("| reached |", "| not reached |", "at the end |"))
                                           for line in rows)  # 1 epoch of 64 utterances: no learning, and said so
     for plot in ("loss_vs_time.png", "cer_vs_time.png", "loss_vs_epoch.png", "cer_vs_batch.png",
                  "throughput_vs_straggler.png"):
         assert (tmp_path / "study" / plot).stat().st_size > 5_000
     runs_done = re.compile(r"^study: \S+ done in", re.M)
-    assert len(runs_done.findall(capsys.readouterr().out)) == 3 + 2 * 3  # strategies; base, 2x batch, 2x slower
+    assert len(runs_done.findall(capsys.readouterr().out)) == 4 + 2 * 3 + 1  # strategies; base, 2x batch,
+    # 2x slower; LOCALSGD 2x slower
     assert main(args) == 0  # every run is done: only the report is written again
     assert not runs_done.findall(capsys.readouterr().out)
 

@@ -15,7 +15,7 @@ gossip off, with fp16 exchanges, with a round every other step, and each strateg
 (comm.debug.slowdown). Prints ADPSGD's gossip overhead and how much of its own throughput each strategy keeps
 with the straggler.
 
-strategies: SYNC, ADPSGD and HYBRID on 2 emulated nodes x 2 learners, same model, data and epochs, with the
+strategies: SYNC, ADPSGD, HYBRID and LOCALSGD on 2 emulated nodes x 2 learners, same model, data and epochs, with the
 inter-node link emulated slow (comm/link.py): time per epoch, aggregate frames/s, bytes across the node
 boundary per epoch, held-out CER.
 """
@@ -137,7 +137,8 @@ ADPSGD_ARMS = {  # name -> (base JSON, comm overrides)
     "adpsgd-straggler": ("ds_configs/adpsgd.json", {"debug": {"slowdown": {"1": 2.0}}}),
 }
 SLOW_LINK = {"bandwidth_gbps": 1.0, "latency_ms": 0.5}  # emulated inter-node network (comm/link.py)
-STRATEGY_ARMS = {name: (f"ds_configs/{name}.json", {"link": SLOW_LINK}) for name in ("sync", "adpsgd", "hybrid")}
+STRATEGY_ARMS = {name: (f"ds_configs/{name}.json", {"link": SLOW_LINK})
+                 for name in ("sync", "adpsgd", "hybrid", "localsgd")}
 
 
 def prepare_subset(work: Path, utterances: int, epochs: int) -> tuple[Path, list[str]]:
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
     d = sub.add_parser("adpsgd", help="gossip overhead and stragglers, ADPSGD against SYNC")
     d.add_argument("--utterances", type=int, default=1000)
     d.add_argument("--rounds", type=int, default=2)
-    t = sub.add_parser("strategies", help="SYNC, ADPSGD, HYBRID on emulated nodes with a slow emulated link")
+    t = sub.add_parser("strategies", help="SYNC, ADPSGD, HYBRID, LOCALSGD on emulated nodes with a slow emulated link")
     t.add_argument("--utterances", type=int, default=1000)
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--nodes", type=int, default=2)

@@ -4,11 +4,12 @@
 
 With one seed and the same data (a subset of the built-in synthesized corpus, prepared once), on `learners`
 processes of this machine:
-  1. strategies: SYNC, ADPSGD and HYBRID (`nodes` emulated nodes, the inter-node link emulated as `link`)
-     for the same number of epochs;
+  1. strategies: SYNC, ADPSGD, HYBRID (`nodes` emulated nodes, the inter-node link emulated as `link`) and
+     LOCALSGD (torch's periodic model averaging, post-local SGD) for the same number of epochs;
   2. batch size: the global batch at each of `batch_multipliers` x the base (micro batch x learners), for
      SYNC and ADPSGD; the learning rate follows the recipe YAML's scaling rule and warm-up;
-  3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD.
+  3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD; by each of `localsgd_slowdowns`,
+     LOCALSGD (its 1x run is part 3's own: it has no part 2).
 Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated, and
 each run's time to a target CER: `target_factor` x SYNC's final CER; a run that ends without learning says
 so) and loss_vs_time.png, cer_vs_time.png, loss_vs_epoch.png (per global batch and strategy), cer_vs_batch.png,
@@ -41,6 +42,7 @@ class StudyConf:
     link_latency_ms: float = 0.5
     batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
     slowdowns: list = field(default_factory=lambda: [1, 2, 4])
+    localsgd_slowdowns: list = field(default_factory=lambda: [1, 2])  # LOCALSGD's straggler runs: 1x and 2x
     target_factor: float = 1.5  # the target: held-out CER <= this x SYNC's final CER (part 1), time to it per run
     # Recipe YAML overrides for every run (a list given on the command line replaces this one). 4 stacked
     # frames, annealing from epoch 4: at the recipe's default 2, CTC is still on its all-blank plateau after 3
@@ -48,7 +50,7 @@ class StudyConf:
     overrides: list = field(default_factory=lambda: ["model.stack=4", "optim.anneal_start_epoch=4"])
 
 
-STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid")}
+STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid", "localsgd")}
 
 
 def plan(conf: StudyConf) -> list[dict]:
@@ -60,10 +62,15 @@ def plan(conf: StudyConf) -> list[dict]:
     for s in ("sync", "adpsgd"):  # the 1x batch and the 1x slowdown are one run: base-<strategy>
         runs += [dict(name=f"batch{m}x-{s}" if m != 1 else f"base-{s}", part="batch", strategy=s, comm={},
                       engine={"train_micro_batch_size_per_gpu": micro * m}, nodes=1) for m in conf.batch_multipliers]
-        runs += [dict(name=f"straggler{f:g}x-{s}" if f != 1 else f"base-{s}", part="stragglers", strategy=s,
-                      slowdown=f, engine={"train_micro_batch_size_per_gpu": micro}, nodes=1,
-                      comm={"debug": {"slowdown": {"1": float(f)}}} if f != 1 else {}) for f in conf.slowdowns]
-    return runs
+        runs += stragglers(s, conf.slowdowns, micro)
+    return runs + stragglers("localsgd", conf.localsgd_slowdowns, micro)
+
+
+def stragglers(strategy: str, slowdowns: list, micro: int) -> list[dict]:
+    """Part 3's runs of one strategy: learner 1 slowed by each factor (1x: the base run)."""
+    return [dict(name=f"straggler{f:g}x-{strategy}" if f != 1 else f"base-{strategy}", part="stragglers",
+                 strategy=strategy, slowdown=f, engine={"train_micro_batch_size_per_gpu": micro}, nodes=1,
+                 comm={"debug": {"slowdown": {"1": float(f)}}} if f != 1 else {}) for f in slowdowns]
 
 
 def run_study(conf: StudyConf) -> Path:
@@ -86,10 +93,14 @@ def run_study(conf: StudyConf) -> Path:
 
 def bytes_sent(metrics: dict, log: list[dict], model_bytes: float) -> tuple[float, str]:
     """Bytes learner 0 sent per epoch, and how they were counted: gossip bytes are counted by its gossip
-    thread; a ring allreduce over n learners sends 2 (n - 1) / n x the model per step (computed)."""
+    thread; a ring allreduce over n learners sends 2 (n - 1) / n x the model (computed): SYNC and HYBRID run one
+    per step, LOCALSGD one per weight average and per warm-up step (both counted by the strategy)."""
     steps = sum(r["learner_micro_steps"][0] for r in log) / len(log)  # learner 0's steps per epoch
-    group = {"sync": metrics["learners"], "adpsgd": 1, "hybrid": metrics["learners"] // metrics["nodes"]}
+    group = {"sync": metrics["learners"], "adpsgd": 1, "hybrid": metrics["learners"] // metrics["nodes"],
+             "localsgd": metrics["learners"]}
     n = group[metrics["strategy"]]
+    if metrics["strategy"] == "localsgd":  # cumulative counters in the log
+        steps = (log[-1]["averaging_rounds"] + log[-1]["averaging_grad_allreduces"]) / len(log)
     allreduce = 2 * (n - 1) / n * model_bytes * steps
     gossip = metrics.get("gossip_bytes_sent", 0) / len(log)
     how = " + ".join(what for what, b in (("gossip, counted", gossip), ("allreduce, computed", allreduce)) if b)
@@ -116,7 +127,7 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
         return rows
 
     strategies = table(f"1. Strategies ({conf.nodes} emulated nodes for HYBRID; inter-node link emulated at "
-                       f"{conf.link_gbps} Gbit/s, {conf.link_latency_ms} ms for all three)", "strategies", "run",
+                       f"{conf.link_gbps} Gbit/s, {conf.link_latency_ms} ms for every strategy)", "strategies", "run",
                        lambda r: r["name"])
     batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
     straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
@@ -162,7 +173,7 @@ def plot_study(root: Path, strategies: list[dict], batch: list[dict], straggle: 
     ax.set(xscale="log", xlabel="global batch (utterances)", ylabel="held-out CER (%)", title="Batch size")
     save(fig, ax, root / "cer_vs_batch.png")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for s in ("sync", "adpsgd"):
+    for s in ("sync", "adpsgd", "localsgd"):
         rs = [r for r in straggle if r["strategy"] == s]
         ax.plot([r["slowdown"] for r in rs], [r["metrics"]["train_frames_per_s"] for r in rs], "o-", label=s.upper())
     ax.set(xlabel="slowdown of learner 1", ylabel="aggregate training frames/s", title="Stragglers")
