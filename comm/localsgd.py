@@ -42,6 +42,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 
 from comm.adpsgd import GroupMPU
 from comm.base import Strategy
+from comm.gossip import flatten
 from comm.sync import emulate_ring_allreduce
 from comm.weights import Weights
 
@@ -171,7 +172,7 @@ class LocalSGDStrategy(Strategy):
         t0 = time.perf_counter()
         world = self.layout.world_size
         with torch.no_grad():
-            flat = torch.cat([w.detach().reshape(-1).to(torch.float64) for w in self.weights.masters])
+            flat = flatten(self.weights.masters, torch.float64)  # on the CPU, as the mean comes back
             mean = self.members.reduce(flat.clone()).cpu() / world
             if not torch.isfinite(mean).all():
                 self._raise_non_finite("at an epoch's end")
