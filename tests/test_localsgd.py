@@ -121,3 +121,17 @@ def test_localsgd_trains_through_the_recipe(tiny_exp, tmp_path):
         assert (record["consensus_distance"] == 0) == averaged[-1], record  # apart unless the last step averaged
     assert log[-1]["train_loss"] < log[0]["train_loss"]
     assert out[0]["strategy"] == "localsgd" and out[0]["averaging_rounds"] == averages
+
+
+def test_the_emulated_link_counts_one_ring_allreduce_per_sync_step_and_per_localsgd_average():
+    from comm.sync import emulate_ring_allreduce
+
+    layout, link = ProcessLayout(world_size=4, local_size=2, nodes=2), {"bandwidth_gbps": 8000.0, "latency_ms": 0.0}
+    sync = build_strategy({"strategy": "sync", "link": link}, layout)
+    local = build_strategy({"strategy": "localsgd", "link": link}, layout)
+    for strategy in (sync, local):
+        strategy.model_bytes = 1000.0
+    sync.after_step(None)
+    emulate_ring_allreduce(local)
+    # 2 (W - 1) / W of the model along each link, `nodes` of W links cross: this learner's share is 1/W of that
+    assert sync.boundary_bytes == local.boundary_bytes == 2 * 3 / 4 * 1000.0 * 2 / 4
