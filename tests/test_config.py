@@ -116,6 +116,9 @@ def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_n
     assert run([float("nan"), 2.0, 2.1, 2.2, 2.3]) == (4, 5)  # a non-finite loss is never the best
     # a loss that keeps falling: at most 4 annealed epochs
     assert run([3.0, 1.0, 0.5, 0.498, 0.3, 0.2, 0.1, 0.05, 0.02]) == (5, 8)
+    # the margin starts annealing; any new best keeps it going (FSDD, 1,000 utterances: 0.178, 0.229, 0.250, 0.165)
+    optim = load_config(None, ["optim.newbob_margin=0.1", "optim.newbob_patience=2"]).optim
+    assert run([0.770, 0.412, 0.246, 0.178, 0.229, 0.250, 0.165]) == (6, None)
 
 
 def test_a_small_corpus_or_a_large_batch_gets_enough_updates():

@@ -137,10 +137,10 @@ class OptimConf:
     # fixed: the first annealed epoch (1-based); null: the epoch after the first half (3 of 4, 6 of 10). newbob
     # never anneals before that epoch either
     anneal_start_epoch: Optional[int] = None
-    # newbob: an epoch improves when its held-out loss is this fraction below the best before it; 0.1: the
-    # built-in corpus anneals at epoch 5-6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
+    # newbob anneals after an epoch whose held-out loss is not this fraction below the best before it; 0.1:
+    # the built-in corpus anneals at epoch 6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
     newbob_margin: float = 0.1
-    newbob_patience: int = 2  # training ends after this many annealed epochs in a row that do not improve ...
+    newbob_patience: int = 2  # training ends after this many annealed epochs in a row without a new best ...
     newbob_anneal_epochs: int = 4  # ... or after this many annealed epochs (lr down to 1/4 of the peak)
 
 
