@@ -56,6 +56,9 @@ class DataConf:
 
 @dataclass
 class FeatureConf:
+    # librosa: librosa's log-mel (Slaney mel scale, no pre-emphasis) and deltas over 9 frames; kaldi: Kaldi's
+    # compute-fbank-feats (dither 0) and add-deltas exactly, through kaldi-native-fbank (ACCURACY.md section 7)
+    backend: str = "librosa"
     n_mels: int = 40
     win_ms: float = 25.0
     hop_ms: float = 10.0
@@ -156,6 +159,7 @@ CHOICES = {
     "data.on_bad_utterance": ("error", "skip"),
     "train.objective": ("ctc", "ce"),
     "features.cmvn": ("global", "speaker", "utterance", "none"),
+    "features.backend": ("librosa", "kaldi"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
 }
