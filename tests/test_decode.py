@@ -5,6 +5,7 @@ The decoding cases are small enough to work by hand; the comments give the arith
 
 import itertools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -265,7 +266,7 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     (tmp_path / "text").write_text("u1 a dog\n")  # what a trained LM would have learned instead
     conf = load_config(None, [f"decode.lm_arpa={tmp_path / 'lm.arpa'}", "decode.oov_penalty=5"]).decode
     (tmp_path / "out").mkdir()
-    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out").keywords["lm"]
+    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out", AB).keywords["lm"]
     assert lm.vocab == ["</s>", "<unk>", "cat", "hat"]  # the file's vocabulary, for the OOV penalty too
     assert lm.score([], "cat") == pytest.approx(-0.1 * math.log(10))  # a bigram of the file
     assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
@@ -276,4 +277,49 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     (tmp_path / "closed.arpa").write_text(ARPA.replace("-2.0 <unk>\n", "").replace("ngram 1=5", "ngram 1=4"))
     closed = load_config(None, [f"decode.lm_arpa={tmp_path / 'closed.arpa'}"]).decode
     with pytest.raises(SystemExit, match="closed.arpa: the model has no <unk> unigram.*ngram-count with -unk"):
-        beam_decoder(closed, tmp_path / "text", tmp_path / "out")
+        beam_decoder(closed, tmp_path / "text", tmp_path / "out", AB)
+
+
+def test_flashlight_backend_needs_flashlight_text_and_a_word_lm(monkeypatch):
+    from recipe.lib.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="decode.backend=flashlight decodes with a word LM"):
+        load_config(None, ["decode.backend=flashlight", "decode.lm_order=0"])
+    monkeypatch.setitem(sys.modules, "flashlight", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match="pip install flashlight-text"):
+        load_config(None, ["decode.backend=flashlight"])
+
+
+ABCD = ["<blank>", " ", "a", "b", "c", "d"]
+
+
+def spoken(*letters, p: float = 0.9):
+    """One frame per letter, each followed by a blank frame: the letter (or blank) at probability p, the rest
+    spread evenly. A letter may be a dict {letter: probability} for an ambiguous frame -> (T, V) log-probs."""
+    rows = []
+    for letter in letters:
+        for target in (letter, "<blank>"):
+            probs = target if isinstance(target, dict) else {target: p}
+            rest = (1.0 - sum(probs.values())) / (len(ABCD) - len(probs))
+            rows.append([probs.get(c, rest) for c in ABCD])
+    return np.log(np.array(rows))
+
+
+def test_flashlight_backend_agrees_with_the_numpy_search_on_clear_cases(tmp_path):
+    """Same ARPA file, beam, LM weight and word bonus: the spoken sentences come back from both decoders; and a
+    word whose first letter is 50/50 between 'c' and 'b' ('cab' or 'bab', both in the LM) is settled by the LM
+    context the same way by both (LM weights converted from flashlight's log10)."""
+    pytest.importorskip("flashlight.lib.text.decoder")
+    from recipe.lib.decode_flashlight import FlashlightDecoder
+
+    lm = NgramLM.train(["ab cab", "ab cab", "ab cab", "da bab", "dad", "cab ab"], order=2)
+    lm.save_arpa(tmp_path / "lm.arpa")
+    flashlight = FlashlightDecoder(tmp_path / "lm.arpa", ABCD, beam=8, lm_weight=0.5, word_bonus=2.0)
+    cases = [spoken("a", "b", " ", "c", "a", "b"), spoken("d", "a", "d"), spoken("d", "a", " ", "b", "a", "b"),
+             spoken("a", "b", " ", {"c": 0.45, "b": 0.45}, "a", "b")]
+    for lp in cases:
+        numpy_hyp = beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0)
+        flashlight_hyp = flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0]
+        assert flashlight_hyp == numpy_hyp
+    assert [flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0] for lp in cases] == [
+        "ab cab", "dad", "da bab", "ab cab"]

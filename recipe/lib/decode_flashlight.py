@@ -1,0 +1,103 @@
+"""The beam search with a word LM through flashlight-text's C++ lexicon decoder (``decode.backend=flashlight``),
+an optional alternative to recipe/lib/decode.py's numpy prefix beam search.
+
+flashlight-text is not a dependency of the recipe (``pip install flashlight-text``). Its KenLM reads the ARPA
+file directly; its ``LexiconDecoder`` spells every word of the LM's vocabulary into a trie of the character
+tokens and scores a word as soon as its last letter is emitted. What differs from the numpy search (ACCURACY.md
+section 7 measures it):
+
+- only words of the LM's vocabulary can be hypothesised: a lexicon decoder has no out-of-vocabulary spellings,
+  so ``decode.oov_penalty`` has nothing to charge (an infinite penalty, in effect);
+- the word separator " " is flashlight's silence token: optional between words (the numpy search needs it)
+  and scored 0, like the blank;
+- hypotheses that reach the same decoder state are merged by log-add (``log_add``), flashlight's approximation
+  of the prefix beam search's sum over paths.
+
+The scores are the numpy search's: KenLM returns log10, so the LM weight is multiplied by ln 10 to weigh the
+natural-log LM score as ``decode.lm_weight`` does there; ``decode.word_bonus`` is flashlight's word score.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from recipe.lib.decode import _log_softmax
+from recipe.lib.ngram import BOS, EOS, UNK
+
+INSTALL = "decode.backend=flashlight needs flashlight-text, which the recipe does not install: pip install flashlight-text"
+
+
+def _flashlight():
+    try:
+        from flashlight.lib.text import decoder
+        from flashlight.lib.text.decoder.kenlm import KenLM
+        from flashlight.lib.text.dictionary import Dictionary
+    except ImportError as err:
+        raise SystemExit(f"{INSTALL} ({err})") from None
+    return decoder, KenLM, Dictionary
+
+
+class FlashlightDecoder:
+    """decode(logits, lengths, tokens) -> transcripts, as recipe/lib/decode.py's beam_decode, for one token set
+    and one ARPA file. ``tokens[0]`` is the CTC blank, " " the word separator."""
+
+    def __init__(self, arpa: str | Path, tokens: Sequence[str], beam: int = 8, lm_weight: float = 0.5,
+                 word_bonus: float = 0.0):
+        decoder, KenLM, Dictionary = _flashlight()
+        self.tokens = list(tokens)
+        if " " not in self.tokens:
+            raise ValueError("decode.backend=flashlight needs the word separator ' ' among the tokens")
+        self.words = Dictionary()
+        vocab = _arpa_unigrams(arpa)
+        for word in vocab:
+            self.words.add_entry(word)
+        self.lm = KenLM(str(arpa), self.words)
+        trie = self._lexicon(decoder, vocab)
+        options = decoder.LexiconDecoderOptions(
+            beam_size=beam, beam_size_token=len(self.tokens),
+            beam_threshold=1e30,  # no score threshold: the beam width alone prunes, as in the numpy search
+            lm_weight=lm_weight * math.log(10.0), word_score=word_bonus, unk_score=-math.inf, sil_score=0.0,
+            log_add=True, criterion_type=decoder.CriterionType.CTC)
+        unk = self.words.get_index(UNK) if self.words.contains(UNK) else -1
+        self.decoder = decoder.LexiconDecoder(options, trie, self.lm, self.tokens.index(" "), 0, unk, [], False)
+
+    def _lexicon(self, decoder, vocab: list[str]):
+        """The trie of the vocabulary's spellings, each leaf with its word; interior nodes carry the best
+        unigram score below them (smearing), so the beam sees a word's LM cost while it is still being spelt."""
+        index = {t: i for i, t in enumerate(self.tokens)}
+        trie = decoder.Trie(len(self.tokens), index[" "])
+        start = self.lm.start(False)
+        for word in vocab:
+            if word in (BOS, EOS, UNK) or not all(c in index and c != " " for c in word):
+                continue  # not spellable with these tokens: it can never be hypothesised anyway
+            _, score = self.lm.score(start, self.words.get_index(word))
+            trie.insert([index[c] for c in word], self.words.get_index(word), score)
+        trie.smear(decoder.SmearingMode.MAX)
+        return trie
+
+    def __call__(self, logits, lengths, tokens: Sequence[str]) -> list[str]:
+        if list(tokens) != self.tokens:
+            raise ValueError("the decoder was built for another token set")
+        out = []
+        for b in range(len(logits)):
+            emissions = np.ascontiguousarray(_log_softmax(logits[b, : int(lengths[b])]), dtype=np.float32)
+            best = self.decoder.decode(emissions.ctypes.data, len(emissions), len(self.tokens))[0]
+            out.append(" ".join(self.words.get_entry(w) for w in best.words if w >= 0))
+        return out
+
+
+def _arpa_unigrams(path: str | Path) -> list[str]:
+    """The words of an ARPA file's 1-grams section, in file order."""
+    words, inside = [], False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("\\"):
+                inside = line == "\\1-grams:"
+            elif inside and line:
+                words.append(line.split()[1])
+    return words
