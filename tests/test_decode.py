@@ -306,20 +306,20 @@ def spoken(*letters, p: float = 0.9):
 
 
 def test_flashlight_backend_agrees_with_the_numpy_search_on_clear_cases(tmp_path):
-    """Same ARPA file, beam, LM weight and word bonus: the spoken sentences come back from both decoders; and a
-    word whose first letter is 50/50 between 'c' and 'b' ('cab' or 'bab', both in the LM) is settled by the LM
-    context the same way by both (LM weights converted from flashlight's log10)."""
+    """Same ARPA file, beam, LM weight and word bonus: the spoken sentences come back from both decoders; a word
+    whose first letter is 50/50 between 'c' and 'b' ('cab' or 'bab', both in the LM) is settled by the LM context
+    the same way by both (LM weights converted from flashlight's log10); and words need the separator between
+    them: 'dad' with its last letter held two frames (a CTC repeat) is not 'dad d', nor 'da' + 'd' run together
+    ('d' and 'da' are words too)."""
     pytest.importorskip("flashlight.lib.text.decoder")
     from recipe.lib.decode_flashlight import FlashlightDecoder
 
-    lm = NgramLM.train(["ab cab", "ab cab", "ab cab", "da bab", "dad", "cab ab"], order=2)
+    lm = NgramLM.train(["ab cab", "ab cab", "ab cab", "da bab", "dad", "cab ab", "d dad", "dad d"], order=2)
     lm.save_arpa(tmp_path / "lm.arpa")
     flashlight = FlashlightDecoder(tmp_path / "lm.arpa", ABCD, beam=8, lm_weight=0.5, word_bonus=2.0)
+    held = np.concatenate([spoken("d", "a")] + [np.log(np.array([[0.02, 0.02, 0.02, 0.02, 0.02, 0.9]]))] * 2)
     cases = [spoken("a", "b", " ", "c", "a", "b"), spoken("d", "a", "d"), spoken("d", "a", " ", "b", "a", "b"),
-             spoken("a", "b", " ", {"c": 0.45, "b": 0.45}, "a", "b")]
-    for lp in cases:
-        numpy_hyp = beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0)
-        flashlight_hyp = flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0]
-        assert flashlight_hyp == numpy_hyp
-    assert [flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0] for lp in cases] == [
-        "ab cab", "dad", "da bab", "ab cab"]
+             spoken("a", "b", " ", {"c": 0.45, "b": 0.45}, "a", "b"), held]
+    hyps = [flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0] for lp in cases]
+    assert hyps == ["ab cab", "dad", "da bab", "ab cab", "dad"]
+    assert hyps == [beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0) for lp in cases]

@@ -3,15 +3,16 @@ an optional alternative to recipe/lib/decode.py's numpy prefix beam search.
 
 flashlight-text is not a dependency of the recipe (``pip install flashlight-text``). Its KenLM reads the ARPA
 file directly; its ``LexiconDecoder`` spells every word of the LM's vocabulary into a trie of the character
-tokens and scores a word as soon as its last letter is emitted. What differs from the numpy search (ACCURACY.md
-section 7 measures it):
+tokens. Each spelling ends with the word separator " ", so that a word is scored when the separator after it
+is emitted, as in the numpy search: spelt without it, flashlight let words follow each other with no separator
+and completed a one-letter word again on a CTC repeat of its letter ("six x"), 35% WER where numpy had 0.3%.
+The last word has no separator after it, so one frame of certain separator is appended to every utterance.
+What still differs from the numpy search (ACCURACY.md section 7 measures it):
 
 - only words of the LM's vocabulary can be hypothesised: a lexicon decoder has no out-of-vocabulary spellings,
   so ``decode.oov_penalty`` has nothing to charge (an infinite penalty, in effect);
-- the word separator " " is flashlight's silence token: optional between words (the numpy search needs it)
-  and scored 0, like the blank;
-- hypotheses that reach the same decoder state are merged by log-add (``log_add``), flashlight's approximation
-  of the prefix beam search's sum over paths.
+- hypotheses that reach the same decoder state (LM state, trie node) are merged by log-add, flashlight's
+  approximation of the prefix beam search's sum over the paths of one prefix.
 
 The scores are the numpy search's: KenLM returns log10, so the LM weight is multiplied by ln 10 to weigh the
 natural-log LM score as ``decode.lm_weight`` does there; ``decode.word_bonus`` is flashlight's word score.
@@ -28,6 +29,7 @@ import numpy as np
 from recipe.lib.decode import _log_softmax
 from recipe.lib.ngram import BOS, EOS, UNK
 
+CERTAINLY_NOT = -1e30  # log-probability of the other tokens in the appended separator frame (finite for C++)
 INSTALL = "decode.backend=flashlight needs flashlight-text, which the recipe does not install: pip install flashlight-text"
 
 
@@ -66,8 +68,9 @@ class FlashlightDecoder:
         self.decoder = decoder.LexiconDecoder(options, trie, self.lm, self.tokens.index(" "), 0, unk, [], False)
 
     def _lexicon(self, decoder, vocab: list[str]):
-        """The trie of the vocabulary's spellings, each leaf with its word; interior nodes carry the best
-        unigram score below them (smearing), so the beam sees a word's LM cost while it is still being spelt."""
+        """The trie of the vocabulary's spellings, each followed by the separator, whose node holds the word;
+        interior nodes carry the best unigram score below them (smearing), so the beam sees a word's LM cost while
+        it is still being spelt (replaced by the word's real LM score when it completes)."""
         index = {t: i for i, t in enumerate(self.tokens)}
         trie = decoder.Trie(len(self.tokens), index[" "])
         start = self.lm.start(False)
@@ -75,16 +78,19 @@ class FlashlightDecoder:
             if word in (BOS, EOS, UNK) or not all(c in index and c != " " for c in word):
                 continue  # not spellable with these tokens: it can never be hypothesised anyway
             _, score = self.lm.score(start, self.words.get_index(word))
-            trie.insert([index[c] for c in word], self.words.get_index(word), score)
+            trie.insert([index[c] for c in word] + [index[" "]], self.words.get_index(word), score)
         trie.smear(decoder.SmearingMode.MAX)
         return trie
 
     def __call__(self, logits, lengths, tokens: Sequence[str]) -> list[str]:
         if list(tokens) != self.tokens:
             raise ValueError("the decoder was built for another token set")
+        separator = np.full((1, len(self.tokens)), CERTAINLY_NOT, dtype=np.float32)
+        separator[0, self.tokens.index(" ")] = 0.0  # the frame that completes the last word
         out = []
         for b in range(len(logits)):
-            emissions = np.ascontiguousarray(_log_softmax(logits[b, : int(lengths[b])]), dtype=np.float32)
+            scores = _log_softmax(logits[b, : int(lengths[b])]).astype(np.float32)
+            emissions = np.ascontiguousarray(np.concatenate([scores, separator]))
             best = self.decoder.decode(emissions.ctypes.data, len(emissions), len(self.tokens))[0]
             out.append(" ".join(self.words.get_entry(w) for w in best.words if w >= 0))
         return out

@@ -1,0 +1,74 @@
+"""The numpy beam search against flashlight-text's lexicon decoder (``decode.backend``) on the same model
+outputs: the held-out set's logits are computed once, then decoded by each backend with the same ARPA file,
+beam, LM weight and word bonus. Printed, and written to EXP/compare-decoders/compare.json: the seconds each
+decoder took (decoding alone: the model's forward pass is shared and not timed), the CER/WER of each, how many
+hypotheses are identical, and the ones that differ (ACCURACY.md section 7).
+
+    python -m recipe.tools.compare_decoders --exp EXP [decode.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from recipe.evaluate import beam_decoder, error_counts
+from recipe.lib.config import load_config
+from recipe.lib.dataset import BucketBatchSampler
+from recipe.lib.experiment import Experiment
+
+
+@torch.no_grad()
+def heldout_logits(exp: Experiment, conf) -> tuple[list, list[str], list[str]]:
+    """-> ([(logits, lengths)] per batch, references, utterance ids), with the decode stage's averaged model."""
+    model, _ = exp.load_model(None, conf.decode.average_last, conf.decode.average_within)
+    model.eval()
+    data = exp.dataset("test")
+    batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
+    outputs, refs, utts = [], [], []
+    for batch in batches:
+        b = data.collate(batch)
+        logits, lengths = model(b["feats"], b["lengths"])
+        outputs.append((logits.float(), lengths))
+        refs += [data.texts[k] for k in batch]
+        utts += [data.utt(k) for k in batch]
+    return outputs, refs, utts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--exp", required=True)
+    p.add_argument("overrides", nargs="*", help="decode.key=value over EXP/conf.yaml's decode section")
+    args = p.parse_args(argv)
+    exp = Experiment(args.exp)
+    out = exp.root / "compare-decoders"
+    out.mkdir(exist_ok=True)
+    confs = {name: load_config(exp.root / "conf.yaml", [*args.overrides, f"decode.backend={name}"])
+             for name in ("numpy", "flashlight")}
+    outputs, refs, utts = heldout_logits(exp, confs["numpy"])
+    result, hyps = {"decode": {k: v for k, v in confs["numpy"].decode.items() if k != "backend"}}, {}
+    for name, conf in confs.items():
+        # the numpy backend trains the LM and writes out/lm.arpa (unless decode.lm_arpa): flashlight reads that file
+        decode = beam_decoder(conf.decode, exp.data_dir("train") / "text", out, exp.tokens)
+        t0 = time.perf_counter()
+        hyps[name] = [h for logits, lengths in outputs for h in decode(logits, lengths, exp.tokens)]
+        seconds = time.perf_counter() - t0
+        errors = error_counts(refs, hyps[name])
+        result[name] = {"seconds": seconds, "cer": errors["char_errors"] / errors["chars"],
+                        "wer": errors["word_errors"] / errors["words"]}
+    differ = [(u, r, a, b) for u, r, a, b in zip(utts, refs, hyps["numpy"], hyps["flashlight"]) if a != b]
+    result.update(utterances=len(refs), identical=len(refs) - len(differ),
+                  differ=[{"utt": u, "ref": r, "numpy": a, "flashlight": b} for u, r, a, b in differ])
+    (out / "compare.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "differ"}))
+    for u, r, a, b in differ:
+        print(f"{u}\n  ref        {r}\n  numpy      {a}\n  flashlight {b}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
