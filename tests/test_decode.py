@@ -323,3 +323,17 @@ def test_flashlight_backend_agrees_with_the_numpy_search_on_clear_cases(tmp_path
     hyps = [flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0] for lp in cases]
     assert hyps == ["ab cab", "dad", "da bab", "ab cab", "dad"]
     assert hyps == [beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0) for lp in cases]
+
+
+def test_compare_decoders_counts_identical_hypotheses_and_scores_each():
+    from recipe.tools.compare_decoders import compare
+
+    lp = torch.from_numpy(np.stack([spoken("a", "b", " ", "c", "a", "b"), spoken("d", "a", "d", " ", "d", " ")]))
+    outputs = [(lp, torch.tensor([12, 12]))]
+    refs, utts = ["ab cab", "dad d"], ["u1", "u2"]
+    same = compare(outputs, refs, utts, ABCD, {"greedy": greedy_decode, "again": greedy_decode})
+    assert same["identical"] == 2 and same["differ"] == [] and same["greedy"]["wer"] == 0.0
+    dropped = compare(outputs, refs, utts, ABCD, {"greedy": greedy_decode,
+                                                  "first": lambda logits, lengths, tokens: ["ab", "dad"]})
+    assert dropped["identical"] == 0 and dropped["first"]["wer"] == pytest.approx(2 / 4)  # 2 of 4 words dropped
+    assert dropped["differ"][1] == {"utt": "u2", "ref": "dad d", "greedy": "dad d", "first": "dad"}

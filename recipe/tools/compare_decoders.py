@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -39,6 +40,24 @@ def heldout_logits(exp: Experiment, conf) -> tuple[list, list[str], list[str]]:
     return outputs, refs, utts
 
 
+def compare(outputs: list, refs: list[str], utts: list[str], tokens: list[str],
+            decoders: dict[str, Callable]) -> dict:
+    """Decode the same outputs [(logits, lengths)] with two decoders {name: decode(logits, lengths, tokens)}
+    -> {name: seconds, CER, WER} per decoder, how many hypotheses are identical, and those that differ."""
+    hyps, result = {}, {}
+    for name, decode in decoders.items():
+        t0 = time.perf_counter()
+        hyps[name] = [h for logits, lengths in outputs for h in decode(logits, lengths, tokens)]
+        seconds = time.perf_counter() - t0
+        errors = error_counts(refs, hyps[name])
+        result[name] = {"seconds": seconds, "cer": errors["char_errors"] / errors["chars"],
+                        "wer": errors["word_errors"] / errors["words"]}
+    first, second = decoders
+    differ = [{"utt": u, "ref": r, first: a, second: b}
+              for u, r, a, b in zip(utts, refs, hyps[first], hyps[second]) if a != b]
+    return {**result, "utterances": len(refs), "identical": len(refs) - len(differ), "differ": differ}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)
@@ -50,23 +69,15 @@ def main(argv=None) -> int:
     confs = {name: load_config(exp.root / "conf.yaml", [*args.overrides, f"decode.backend={name}"])
              for name in ("numpy", "flashlight")}
     outputs, refs, utts = heldout_logits(exp, confs["numpy"])
-    result, hyps = {"decode": {k: v for k, v in confs["numpy"].decode.items() if k != "backend"}}, {}
-    for name, conf in confs.items():
-        # the numpy backend trains the LM and writes out/lm.arpa (unless decode.lm_arpa): flashlight reads that file
-        decode = beam_decoder(conf.decode, exp.data_dir("train") / "text", out, exp.tokens)
-        t0 = time.perf_counter()
-        hyps[name] = [h for logits, lengths in outputs for h in decode(logits, lengths, exp.tokens)]
-        seconds = time.perf_counter() - t0
-        errors = error_counts(refs, hyps[name])
-        result[name] = {"seconds": seconds, "cer": errors["char_errors"] / errors["chars"],
-                        "wer": errors["word_errors"] / errors["words"]}
-    differ = [(u, r, a, b) for u, r, a, b in zip(utts, refs, hyps["numpy"], hyps["flashlight"]) if a != b]
-    result.update(utterances=len(refs), identical=len(refs) - len(differ),
-                  differ=[{"utt": u, "ref": r, "numpy": a, "flashlight": b} for u, r, a, b in differ])
+    # the numpy backend's call trains the LM and writes out/lm.arpa (unless decode.lm_arpa): flashlight reads it
+    decoders = {name: beam_decoder(conf.decode, exp.data_dir("train") / "text", out, exp.tokens)
+                for name, conf in confs.items()}
+    result = {"decode": {k: v for k, v in confs["numpy"].decode.items() if k != "backend"},
+              **compare(outputs, refs, utts, exp.tokens, decoders)}
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "differ"}))
-    for u, r, a, b in differ:
-        print(f"{u}\n  ref        {r}\n  numpy      {a}\n  flashlight {b}")
+    for d in result["differ"]:
+        print(f"{d['utt']}\n  ref        {d['ref']}\n  numpy      {d['numpy']}\n  flashlight {d['flashlight']}")
     return 0
 
 
