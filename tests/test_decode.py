@@ -325,6 +325,21 @@ def test_flashlight_backend_agrees_with_the_numpy_search_on_clear_cases(tmp_path
     assert hyps == [beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0) for lp in cases]
 
 
+def test_flashlight_backend_without_a_word_separator_decodes_one_word(tmp_path):
+    """FSDD's token set has no " ": every utterance is one word of the LM, as in the numpy search."""
+    pytest.importorskip("flashlight.lib.text.decoder")
+    from recipe.lib.decode_flashlight import FlashlightDecoder
+
+    tokens = [t for t in ABCD if t != " "]
+    NgramLM.train(["dad", "bab", "cab", "cab"], order=2).save_arpa(tmp_path / "lm.arpa")
+    flashlight = FlashlightDecoder(tmp_path / "lm.arpa", tokens, beam=8, lm_weight=0.5, word_bonus=2.0)
+    lp = np.delete(spoken({"c": 0.45, "b": 0.45}, "a", "b"), 1, axis=1)  # the " " column dropped
+    lp -= np.logaddexp.reduce(lp, axis=1, keepdims=True)
+    hyp = flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), tokens)[0]
+    assert hyp == "cab" == beam_search(lp, tokens, beam=8, lm=NgramLM.load_arpa(tmp_path / "lm.arpa"),
+                                       lm_weight=0.5, word_bonus=2.0)
+
+
 def test_compare_decoders_counts_identical_hypotheses_and_scores_each():
     from recipe.tools.compare_decoders import compare
 

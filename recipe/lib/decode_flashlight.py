@@ -6,7 +6,9 @@ file directly; its ``LexiconDecoder`` spells every word of the LM's vocabulary i
 tokens. Each spelling ends with the word separator " ", so that a word is scored when the separator after it
 is emitted, as in the numpy search: spelt without it, flashlight let words follow each other with no separator
 and completed a one-letter word again on a CTC repeat of its letter ("six x"), 35% WER where numpy had 0.3%.
-The last word has no separator after it, so one frame of certain separator is appended to every utterance.
+The last word has no separator after it, so one frame of certain separator is appended to every utterance. A
+token set without " " (FSDD: one word per utterance) gets a separator column the model never emits, so an
+utterance is one word, as in the numpy search.
 What still differs from the numpy search (ACCURACY.md section 7 measures it):
 
 - only words of the LM's vocabulary can be hypothesised: a lexicon decoder has no out-of-vocabulary spellings,
@@ -45,14 +47,15 @@ def _flashlight():
 
 class FlashlightDecoder:
     """decode(logits, lengths, tokens) -> transcripts, as recipe/lib/decode.py's beam_decode, for one token set
-    and one ARPA file. ``tokens[0]`` is the CTC blank, " " the word separator."""
+    and one ARPA file. ``tokens[0]`` is the CTC blank, " " the word separator (if any)."""
 
     def __init__(self, arpa: str | Path, tokens: Sequence[str], beam: int = 8, lm_weight: float = 0.5,
                  word_bonus: float = 0.0):
         decoder, KenLM, Dictionary = _flashlight()
         self.tokens = list(tokens)
-        if " " not in self.tokens:
-            raise ValueError("decode.backend=flashlight needs the word separator ' ' among the tokens")
+        # flashlight's columns: the tokens, and a separator column of its own where the tokens have none
+        self.width = len(self.tokens) + (" " not in self.tokens)
+        self.separator = self.tokens.index(" ") if " " in self.tokens else len(self.tokens)
         self.words = Dictionary()
         vocab = _arpa_unigrams(arpa)
         for word in vocab:
@@ -60,38 +63,39 @@ class FlashlightDecoder:
         self.lm = KenLM(str(arpa), self.words)
         trie = self._lexicon(decoder, vocab)
         options = decoder.LexiconDecoderOptions(
-            beam_size=beam, beam_size_token=len(self.tokens),
+            beam_size=beam, beam_size_token=self.width,
             beam_threshold=1e30,  # no score threshold: the beam width alone prunes, as in the numpy search
             lm_weight=lm_weight * math.log(10.0), word_score=word_bonus, unk_score=-math.inf, sil_score=0.0,
             log_add=True, criterion_type=decoder.CriterionType.CTC)
         unk = self.words.get_index(UNK) if self.words.contains(UNK) else -1
-        self.decoder = decoder.LexiconDecoder(options, trie, self.lm, self.tokens.index(" "), 0, unk, [], False)
+        self.decoder = decoder.LexiconDecoder(options, trie, self.lm, self.separator, 0, unk, [], False)
 
     def _lexicon(self, decoder, vocab: list[str]):
         """The trie of the vocabulary's spellings, each followed by the separator, whose node holds the word;
         interior nodes carry the best unigram score below them (smearing), so the beam sees a word's LM cost while
         it is still being spelt (replaced by the word's real LM score when it completes)."""
         index = {t: i for i, t in enumerate(self.tokens)}
-        trie = decoder.Trie(len(self.tokens), index[" "])
+        trie = decoder.Trie(self.width, self.separator)
         start = self.lm.start(False)
         for word in vocab:
             if word in (BOS, EOS, UNK) or not all(c in index and c != " " for c in word):
                 continue  # not spellable with these tokens: it can never be hypothesised anyway
             _, score = self.lm.score(start, self.words.get_index(word))
-            trie.insert([index[c] for c in word] + [index[" "]], self.words.get_index(word), score)
+            trie.insert([index[c] for c in word] + [self.separator], self.words.get_index(word), score)
         trie.smear(decoder.SmearingMode.MAX)
         return trie
 
     def __call__(self, logits, lengths, tokens: Sequence[str]) -> list[str]:
         if list(tokens) != self.tokens:
             raise ValueError("the decoder was built for another token set")
-        separator = np.full((1, len(self.tokens)), CERTAINLY_NOT, dtype=np.float32)
-        separator[0, self.tokens.index(" ")] = 0.0  # the frame that completes the last word
+        separator = np.full((1, self.width), CERTAINLY_NOT, dtype=np.float32)
+        separator[0, self.separator] = 0.0  # the frame that completes the last word
         out = []
         for b in range(len(logits)):
             scores = _log_softmax(logits[b, : int(lengths[b])]).astype(np.float32)
+            scores = np.pad(scores, ((0, 0), (0, self.width - scores.shape[1])), constant_values=CERTAINLY_NOT)
             emissions = np.ascontiguousarray(np.concatenate([scores, separator]))
-            best = self.decoder.decode(emissions.ctypes.data, len(emissions), len(self.tokens))[0]
+            best = self.decoder.decode(emissions.ctypes.data, len(emissions), self.width)[0]
             out.append(" ".join(self.words.get_entry(w) for w in best.words if w >= 0))
         return out
 

@@ -1,10 +1,10 @@
 """The numpy beam search against flashlight-text's lexicon decoder (``decode.backend``) on the same model
 outputs: the held-out set's logits are computed once, then decoded by each backend with the same ARPA file,
-beam, LM weight and word bonus. Printed, and written to EXP/compare-decoders/compare.json: the seconds each
+beam, LM weight and word bonus. Printed, and written to EXP/OUT/compare.json: the seconds each
 decoder took (decoding alone: the model's forward pass is shared and not timed), the CER/WER of each, how many
 hypotheses are identical, and the ones that differ (ACCURACY.md section 7).
 
-    python -m recipe.tools.compare_decoders --exp EXP [decode.key=value ...]
+    python -m recipe.tools.compare_decoders --exp EXP [--out compare-decoders] [decode.key=value ...]
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ def compare(outputs: list, refs: list[str], utts: list[str], tokens: list[str],
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)
+    p.add_argument("--out", default="compare-decoders", help="folder under EXP for compare.json (and lm.arpa)")
     p.add_argument("overrides", nargs="*", help="decode.key=value over EXP/conf.yaml's decode section")
     args = p.parse_args(argv)
     exp = Experiment(args.exp)
-    out = exp.root / "compare-decoders"
+    out = exp.root / args.out
     out.mkdir(exist_ok=True)
     confs = {name: load_config(exp.root / "conf.yaml", [*args.overrides, f"decode.backend={name}"])
              for name in ("numpy", "flashlight")}
