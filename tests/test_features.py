@@ -255,6 +255,7 @@ def test_kaldi_deltas_of_a_ramp():
     np.testing.assert_allclose(out[:, 1], [0.5, 0.8] + [1.0] * 8 + [0.8, 0.5], atol=1e-12)
     np.testing.assert_allclose(out[:, 2], [0.26, 0.21, 0.12, 0.04] + [0.0] * 4 + [-0.04, -0.12, -0.21, -0.26],
                                atol=1e-12)
+    assert kaldi_deltas(np.zeros((0, 4))).shape == (0, 12)  # no frames: no edge to replicate
 
 
 def test_kaldi_double_deltas_equal_deltas_twice_only_away_from_the_ends():

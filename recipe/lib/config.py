@@ -143,7 +143,8 @@ class DecodeConf:
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
     oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
     # the beam search with the LM: numpy (recipe/lib/decode.py), or flashlight: flashlight-text's C++ lexicon
-    # decoder over the LM's vocabulary (recipe/lib/decode_flashlight.py; optional: pip install flashlight-text)
+    # decoder over the LM's vocabulary (recipe/lib/decode_flashlight.py; optional: pip install flashlight-text),
+    # which never hypothesises a word outside it (oov_penalty has nothing to charge there)
     backend: str = "numpy"
 
 

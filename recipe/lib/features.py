@@ -130,6 +130,8 @@ def kaldi_deltas(x: np.ndarray, order: int = 2, window: int = 2) -> np.ndarray:
     i is the order i-1 filter convolved with it (9 taps for order 2), and every filter reads the static features
     with frame indices clamped to the utterance. In the middle that equals applying the delta twice; within 4
     frames of an end it does not (the edge frames are replicated once, not at each pass)."""
+    if not len(x):
+        return np.zeros((0, x.shape[1] * (order + 1)))
     regression = np.arange(-window, window + 1) / float(2 * sum(n * n for n in range(1, window + 1)))
     filters = [np.ones(1)]
     for _ in range(order):
