@@ -7,6 +7,7 @@ Unknown keys are errors (omegaconf struct mode), so a typo in an override never 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ class DataConf:
 
 @dataclass
 class FeatureConf:
+    # librosa: librosa's log-mel (Slaney mel scale, no pre-emphasis) and deltas over 9 frames; kaldi: Kaldi's
+    # compute-fbank-feats (dither 0) and add-deltas exactly, through kaldi-native-fbank (ACCURACY.md section 7)
+    backend: str = "librosa"
     n_mels: int = 40
     win_ms: float = 25.0
     hop_ms: float = 10.0
@@ -177,6 +181,10 @@ class DecodeConf:
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
     oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
+    # the beam search with the LM: numpy (recipe/lib/decode.py), or flashlight: flashlight-text's C++ lexicon
+    # decoder over the LM's vocabulary (recipe/lib/decode_flashlight.py; optional: pip install flashlight-text),
+    # which never hypothesises a word outside it (oov_penalty has nothing to charge there)
+    backend: str = "numpy"
 
 
 @dataclass
@@ -195,6 +203,8 @@ CHOICES = {
     "data.on_bad_utterance": ("error", "skip"),
     "train.objective": ("ctc", "ce"),
     "features.cmvn": ("global", "speaker", "utterance", "none"),
+    "features.backend": ("librosa", "kaldi"),
+    "decode.backend": ("numpy", "flashlight"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
     "optim.schedule": ("fixed", "newbob"),
@@ -267,6 +277,8 @@ def validate(cfg: DictConfig) -> None:
     if has_lm and not cfg.decode.beam:
         raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} / decode.lm_arpa={cfg.decode.lm_arpa} needs a beam "
                           "search: set decode.beam (e.g. 8)")
+    if cfg.decode.backend == "flashlight":
+        _check_flashlight(cfg.decode, has_lm)
     if cfg.decode.lm_arpa and not Path(cfg.decode.lm_arpa).is_file():
         raise ConfigError(f"decode.lm_arpa: {cfg.decode.lm_arpa}: no such file")
     a = cfg.augment
@@ -292,3 +304,18 @@ def validate(cfg: DictConfig) -> None:
                 raise ConfigError(f"data.{key} must be >= 1, got {cfg.data[key]}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+
+
+def _check_flashlight(decode: DictConfig, has_lm: bool) -> None:
+    """Before any work: flashlight's lexicon decoder needs a word LM (its lexicon is the LM's vocabulary), and
+    flashlight-text itself, which the recipe does not install."""
+    if not (decode.beam and has_lm):
+        raise ConfigError("decode.backend=flashlight decodes with a word LM: set decode.beam and decode.lm_order "
+                          "(or decode.lm_arpa)")
+    try:
+        found = importlib.util.find_spec("flashlight.lib.text.decoder") is not None
+    except ImportError:  # the parent package is missing
+        found = False
+    if not found:
+        raise ConfigError("decode.backend=flashlight needs flashlight-text, which the recipe does not install: "
+                          "pip install flashlight-text")
