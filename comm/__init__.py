@@ -2,7 +2,7 @@
 
 from comm.adpsgd import ADPSGDStrategy
 from comm.base import Strategy
-from comm.distributed import init_distributed
+from comm.distributed import init_distributed, shutdown_distributed
 from comm.faults import FaultInjector
 from comm.hybrid import HybridStrategy
 from comm.layout import LayoutError, ProcessLayout
@@ -26,4 +26,4 @@ def build_strategy(comm_section: dict, layout: ProcessLayout, heartbeat=None) ->
 
 
 __all__ = ["STRATEGIES", "FaultInjector", "LayoutError", "ProcessLayout", "Strategy", "build_strategy",
-           "init_distributed"]
+           "init_distributed", "shutdown_distributed"]

@@ -18,7 +18,7 @@ Batches are dealt by rank as under SYNC, so every learner takes the same number 
 collective). At an epoch's end the learners average once more (their consensus distance before it goes to the
 training log), so evaluation and checkpoint see one model.
 
-Two things torch's averager assumes that DeepSpeed breaks, both handled here (DESIGN.md §9.30):
+Two things torch's averager assumes that DeepSpeed breaks, both handled here (DESIGN.md §9.32):
   - it averages only parameters whose .grad is not None, and DeepSpeed's engine.step() has already set every
     gradient to None: given the module's parameters it would silently average nothing;
   - it rebinds each parameter's .data to a slice of its flat buffer; under bf16/fp16 the weights the optimizer

@@ -142,9 +142,9 @@ def rates(totals: dict) -> dict[str, float]:
             "empty_output": totals["empty_hyps"] / max(totals["utterances"], 1)}
 
 
-def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
-    """The configured beam search (None: greedy); its LM: the user's ARPA file, or one trained on the training
-    transcripts and saved as ARPA."""
+def beam_decoder(conf, train_text: Path, out: Path, tokens: list[str]) -> Callable | None:
+    """The configured beam search (None: greedy) over the tokens; its LM: the user's ARPA file, or one trained on
+    the training transcripts and saved as ARPA."""
     if not conf.beam:
         return None
     lm = None
@@ -157,6 +157,10 @@ def beam_decoder(conf, train_text: Path, out: Path) -> Callable | None:
         texts = [text for text, _ in read_table(train_text).values()]
         lm = NgramLM.train(texts, order=conf.lm_order)
         lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder
+    if conf.backend == "flashlight":  # the same ARPA file, read by flashlight's KenLM
+        from recipe.lib.decode_flashlight import FlashlightDecoder
+        return FlashlightDecoder(conf.lm_arpa or out / "lm.arpa", tokens, beam=conf.beam, lm_weight=conf.lm_weight,
+                                 word_bonus=conf.word_bonus)
     return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus,
                    oov_penalty=conf.oov_penalty)
 
@@ -226,7 +230,7 @@ def decode_heldout(model: torch.nn.Module, data: CTCDataset, batches: list[list[
     totals, decoded = evaluate(model, data, batches, exp.tokens, on_batch=advancer(bar, "greedy", batches))
     result = {"utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
               "decode": OmegaConf.to_container(conf)}
-    beam = beam_decoder(conf, exp.data_dir("train") / "text", out)
+    beam = beam_decoder(conf, exp.data_dir("train") / "text", out, exp.tokens)
     if beam is not None:
         t0 = time.perf_counter()
         totals, decoded = evaluate(model, data, batches, exp.tokens, decode=beam,

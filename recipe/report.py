@@ -45,11 +45,19 @@ def plot(history: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def schedule_summary(m: dict) -> str:
+    """How many epochs, and why that many (metrics of runs before the newbob schedule have no schedule)."""
+    if m.get("schedule") != "newbob":
+        return str(m["epochs"])
+    anneal = f"annealed from epoch {m['anneal_from']}" if m.get("anneal_from") else "never annealed"
+    return f"{m['epochs']} (newbob: {anneal}; {m.get('stop') or 'train.max_epochs reached'})"
+
+
 def summary_rows(exp: Path, m: dict, history: list[dict], scores) -> list[tuple[str, object]]:
     """The final table: the run, its held-out scores, the decode stage's, and what data was used."""
     rows = [("strategy", m["strategy"]), ("learners x nodes", f"{m['learners']} on {m['nodes']}"),
             ("global batch (utterances)", m["global_batch"]), ("precision", m["precision"]),
-            ("parameters", f"{m['params']:,}"), ("epochs", m["epochs"]),
+            ("parameters", f"{m['params']:,}"), ("epochs", schedule_summary(m)),
             ("training wall time", f"{m['wall_s'] / 60:.1f} min"),
             ("training frames/s (all learners)", f"{m['train_frames_per_s']:.0f}"),
             ("held-out loss", f"{m['heldout_loss']:.3f}"),

@@ -39,7 +39,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from comm import FaultInjector, ProcessLayout, build_strategy, init_distributed
+from comm import FaultInjector, ProcessLayout, build_strategy, init_distributed, shutdown_distributed
 from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters
 from recipe.evaluate import evaluate, rates
@@ -408,6 +408,7 @@ def main(argv=None) -> int:
     logging.getLogger("recipe").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     try:
         Trainer(args).train()
+        shutdown_distributed()
     except LeftBehind as err:  # a HYBRID node that lost a learner: the other nodes go on
         print(f"LeftBehind: {err}", file=sys.stderr, flush=True)
         os._exit(0)  # its gossip thread may be waiting on a peer: no clean interpreter shutdown to wait for

@@ -102,6 +102,7 @@ def test_pipe_commands_with_segments_read_the_piped_audio(tmp_path):
     features of each segment equal those of the same samples read from the file."""
     from omegaconf import OmegaConf
 
+    from recipe.lib.config import FeatureConf
     from recipe.lib.features import compute_features, load_audio
 
     d = make_dir(tmp_path, {"rec1": "x"}, seconds=3.0)
@@ -113,7 +114,7 @@ def test_pipe_commands_with_segments_read_the_piped_audio(tmp_path):
     utts, _ = load_data_dir(d)
     assert [(u.start, u.end) for u in utts] == [(0.0, 1.0), (1.5, 3.0)] and utts[0].audio.endswith("|")
     samples, _ = soundfile.read(wav, dtype="float32")
-    conf = OmegaConf.create({"n_mels": 20, "win_ms": 25.0, "hop_ms": 10.0, "deltas": False})
+    conf = OmegaConf.merge(OmegaConf.structured(FeatureConf), {"n_mels": 20, "deltas": False})
     for u, (a, b) in zip(utts, ((0, SR), (int(1.5 * SR), None))):
         np.testing.assert_array_equal(compute_features(load_audio(u, SR), SR, conf),
                                       compute_features(samples[a:b], SR, conf))

@@ -5,6 +5,7 @@ The decoding cases are small enough to work by hand; the comments give the arith
 
 import itertools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -265,7 +266,7 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     (tmp_path / "text").write_text("u1 a dog\n")  # what a trained LM would have learned instead
     conf = load_config(None, [f"decode.lm_arpa={tmp_path / 'lm.arpa'}", "decode.oov_penalty=5"]).decode
     (tmp_path / "out").mkdir()
-    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out").keywords["lm"]
+    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out", AB).keywords["lm"]
     assert lm.vocab == ["</s>", "<unk>", "cat", "hat"]  # the file's vocabulary, for the OOV penalty too
     assert lm.score([], "cat") == pytest.approx(-0.1 * math.log(10))  # a bigram of the file
     assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
@@ -276,4 +277,78 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     (tmp_path / "closed.arpa").write_text(ARPA.replace("-2.0 <unk>\n", "").replace("ngram 1=5", "ngram 1=4"))
     closed = load_config(None, [f"decode.lm_arpa={tmp_path / 'closed.arpa'}"]).decode
     with pytest.raises(SystemExit, match="closed.arpa: the model has no <unk> unigram.*ngram-count with -unk"):
-        beam_decoder(closed, tmp_path / "text", tmp_path / "out")
+        beam_decoder(closed, tmp_path / "text", tmp_path / "out", AB)
+
+
+def test_flashlight_backend_needs_flashlight_text_and_a_word_lm(monkeypatch):
+    from recipe.lib.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="decode.backend=flashlight decodes with a word LM"):
+        load_config(None, ["decode.backend=flashlight", "decode.lm_order=0"])
+    monkeypatch.setitem(sys.modules, "flashlight", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match="pip install flashlight-text"):
+        load_config(None, ["decode.backend=flashlight"])
+
+
+ABCD = ["<blank>", " ", "a", "b", "c", "d"]
+
+
+def spoken(*letters, p: float = 0.9):
+    """One frame per letter, each followed by a blank frame: the letter (or blank) at probability p, the rest
+    spread evenly. A letter may be a dict {letter: probability} for an ambiguous frame -> (T, V) log-probs."""
+    rows = []
+    for letter in letters:
+        for target in (letter, "<blank>"):
+            probs = target if isinstance(target, dict) else {target: p}
+            rest = (1.0 - sum(probs.values())) / (len(ABCD) - len(probs))
+            rows.append([probs.get(c, rest) for c in ABCD])
+    return np.log(np.array(rows))
+
+
+def test_flashlight_backend_agrees_with_the_numpy_search_on_clear_cases(tmp_path):
+    """Same ARPA file, beam, LM weight and word bonus: the spoken sentences come back from both decoders; a word
+    whose first letter is 50/50 between 'c' and 'b' ('cab' or 'bab', both in the LM) is settled by the LM context
+    the same way by both (LM weights converted from flashlight's log10); and words need the separator between
+    them: 'dad' with its last letter held two frames (a CTC repeat) is not 'dad d', nor 'da' + 'd' run together
+    ('d' and 'da' are words too)."""
+    pytest.importorskip("flashlight.lib.text.decoder")
+    from recipe.lib.decode_flashlight import FlashlightDecoder
+
+    lm = NgramLM.train(["ab cab", "ab cab", "ab cab", "da bab", "dad", "cab ab", "d dad", "dad d"], order=2)
+    lm.save_arpa(tmp_path / "lm.arpa")
+    flashlight = FlashlightDecoder(tmp_path / "lm.arpa", ABCD, beam=8, lm_weight=0.5, word_bonus=2.0)
+    held = np.concatenate([spoken("d", "a")] + [np.log(np.array([[0.02, 0.02, 0.02, 0.02, 0.02, 0.9]]))] * 2)
+    cases = [spoken("a", "b", " ", "c", "a", "b"), spoken("d", "a", "d"), spoken("d", "a", " ", "b", "a", "b"),
+             spoken("a", "b", " ", {"c": 0.45, "b": 0.45}, "a", "b"), held]
+    hyps = [flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), ABCD)[0] for lp in cases]
+    assert hyps == ["ab cab", "dad", "da bab", "ab cab", "dad"]
+    assert hyps == [beam_search(lp, ABCD, beam=8, lm=lm, lm_weight=0.5, word_bonus=2.0) for lp in cases]
+
+
+def test_flashlight_backend_without_a_word_separator_decodes_one_word(tmp_path):
+    """FSDD's token set has no " ": every utterance is one word of the LM, as in the numpy search."""
+    pytest.importorskip("flashlight.lib.text.decoder")
+    from recipe.lib.decode_flashlight import FlashlightDecoder
+
+    tokens = [t for t in ABCD if t != " "]
+    NgramLM.train(["dad", "bab", "cab", "cab"], order=2).save_arpa(tmp_path / "lm.arpa")
+    flashlight = FlashlightDecoder(tmp_path / "lm.arpa", tokens, beam=8, lm_weight=0.5, word_bonus=2.0)
+    lp = np.delete(spoken({"c": 0.45, "b": 0.45}, "a", "b"), 1, axis=1)  # the " " column dropped
+    lp -= np.logaddexp.reduce(lp, axis=1, keepdims=True)
+    hyp = flashlight(torch.from_numpy(lp)[None], torch.tensor([len(lp)]), tokens)[0]
+    assert hyp == "cab" == beam_search(lp, tokens, beam=8, lm=NgramLM.load_arpa(tmp_path / "lm.arpa"),
+                                       lm_weight=0.5, word_bonus=2.0)
+
+
+def test_compare_decoders_counts_identical_hypotheses_and_scores_each():
+    from recipe.tools.compare_decoders import compare
+
+    lp = torch.from_numpy(np.stack([spoken("a", "b", " ", "c", "a", "b"), spoken("d", "a", "d", " ", "d", " ")]))
+    outputs = [(lp, torch.tensor([12, 12]))]
+    refs, utts = ["ab cab", "dad d"], ["u1", "u2"]
+    same = compare(outputs, refs, utts, ABCD, {"greedy": greedy_decode, "again": greedy_decode})
+    assert same["identical"] == 2 and same["differ"] == [] and same["greedy"]["wer"] == 0.0
+    dropped = compare(outputs, refs, utts, ABCD, {"greedy": greedy_decode,
+                                                  "first": lambda logits, lengths, tokens: ["ab", "dad"]})
+    assert dropped["identical"] == 0 and dropped["first"]["wer"] == pytest.approx(2 / 4)  # 2 of 4 words dropped
+    assert dropped["differ"][1] == {"utt": "u2", "ref": "dad d", "greedy": "dad d", "first": "dad"}

@@ -1,4 +1,4 @@
-"""Feature shapes, resampling, normalization and the on-disk cache."""
+"""Feature shapes, resampling, normalization and the on-disk cache; the Kaldi backend against Kaldi's algorithm."""
 
 from __future__ import annotations
 
@@ -12,20 +12,24 @@ from recipe.evaluate import evaluate
 from recipe.lib.config import FeatureConf
 from recipe.lib.datadir import load_data_dir
 from recipe.lib.dataset import BucketBatchSampler, CTCDataset, FeatureReader
-from recipe.lib.features import FeatureCache, cmvn_stats, compute_features, extract_features, load_audio
+from recipe.lib.features import (FeatureCache, cache_key, cmvn_stats, compute_features, extract_features, kaldi_deltas,
+                                 load_audio)
 from tests.test_data import make_dir
 
 CONF = OmegaConf.structured(FeatureConf)
+KALDI = OmegaConf.merge(CONF, {"backend": "kaldi"})
 
 
-def test_shapes_follow_window_and_shift():
+@pytest.mark.parametrize("backend", ["librosa", "kaldi"])
+def test_shapes_follow_window_and_shift(backend):
+    conf = OmegaConf.merge(CONF, {"backend": backend})
     wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32)
-    x = compute_features(wave, 16000, CONF)
+    x = compute_features(wave, 16000, conf)
     assert x.shape == (1 + (16000 - 400) // 160, 120) and x.dtype == np.float32
     assert np.isfinite(x).all()
-    no_deltas = compute_features(wave, 16000, OmegaConf.merge(CONF, {"deltas": False}))
+    no_deltas = compute_features(wave, 16000, OmegaConf.merge(conf, {"deltas": False}))
     np.testing.assert_array_equal(no_deltas, x[:, :40])  # deltas are appended after the static log-mels
-    assert compute_features(wave[:399], 16000, CONF).shape == (0, 120)  # shorter than one window
+    assert compute_features(wave[:399], 16000, conf).shape == (0, 120)  # shorter than one window
 
 
 def tone_utterance(root, rate: int, utt: str = "u", speaker: str | None = None):
@@ -57,6 +61,9 @@ def test_cache_is_reused_and_keyed_by_config(tmp_path):
     other = extract_features(utts, tmp_path / "feats", "train", OmegaConf.merge(CONF, {"n_mels": 24}), 16000,
                              progress=False)
     assert other != first and FeatureCache(other).dim == 72
+    kaldi = extract_features(utts, tmp_path / "feats", "train", KALDI, 16000, progress=False)
+    assert kaldi not in (first, other)  # one backend's cache is never read as the other's
+    assert not np.allclose(FeatureCache(kaldi)[0], FeatureCache(first)[0], atol=1.0)
     one_worker = extract_features(utts, tmp_path / "feats1", "train", OmegaConf.merge(CONF, {"num_workers": 1}),
                                   16000, progress=False)
     cache, cache1 = FeatureCache(first), FeatureCache(one_worker)
@@ -180,3 +187,86 @@ def test_a_truncated_shard_is_named(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-4])
     with pytest.raises(DataError, match=r"feats-00000\.f32 is truncated \(utterance s0-u1\)"):
         FeatureCache(folder)[1]
+
+
+def test_librosa_caches_from_before_the_backend_choice_keep_their_key(tmp_path):
+    utts, _ = load_data_dir(make_dir(tmp_path, {"s-u": "a"}))
+    before = OmegaConf.create({k: v for k, v in OmegaConf.to_container(CONF).items() if k != "backend"})
+    assert cache_key(utts, CONF, 16000) == cache_key(utts, before, 16000)
+    assert cache_key(utts, KALDI, 16000) != cache_key(utts, CONF, 16000)
+
+
+def kaldi_mel(hz):
+    return 1127.0 * np.log(1.0 + hz / 700.0)  # HTK's mel scale, as Kaldi's MelScale
+
+
+def kaldi_fbank_frame(samples: np.ndarray, rate: int, n_mels: int) -> np.ndarray:
+    """One frame of Kaldi's compute-fbank-feats (defaults, dither 0) written out from its algorithm: samples as
+    Kaldi reads them (16-bit scale) -> n_mels log energies."""
+    x = samples.astype(np.float64) - samples.mean()  # DC offset removed first
+    x = np.concatenate([[x[0] - 0.97 * x[0]], x[1:] - 0.97 * x[:-1]])  # pre-emphasis; the first sample against itself
+    n = len(x)
+    x *= (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / (n - 1))) ** 0.85  # Povey window
+    fft = 1 << (n - 1).bit_length()  # zero-padded to a power of two: 400 -> 512
+    power = np.abs(np.fft.rfft(x, fft))[: fft // 2] ** 2  # Kaldi's banks use the bins below Nyquist
+    edges = kaldi_mel(20.0) + np.arange(n_mels + 2) * (kaldi_mel(rate / 2) - kaldi_mel(20.0)) / (n_mels + 1)
+    left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    mel = kaldi_mel(np.arange(fft // 2) * rate / fft)[None, :]
+    rising = np.where((mel > left) & (mel <= centre), (mel - left) / (centre - left), 0.0)
+    falling = np.where((mel > centre) & (mel < right), (right - mel) / (right - centre), 0.0)
+    return np.log(np.maximum((rising + falling) @ power, np.finfo(np.float32).eps))
+
+
+def test_kaldi_fbank_is_kaldis_algorithm():
+    """A tone at the centre frequency of mel bin 10, with a little noise so every bin has energy: each frame
+    matches the hand computation, and bin 10 holds the most energy."""
+    rate, n_mels = 16000, 40
+    lo, hi = kaldi_mel(20.0), kaldi_mel(rate / 2)
+    tone = 700.0 * (np.exp((lo + 11 * (hi - lo) / (n_mels + 1)) / 1127.0) - 1.0)  # centre of bin 10 (0-based)
+    t = np.arange(rate // 4) / rate
+    noise = np.random.default_rng(0).standard_normal(len(t))
+    wave = (0.5 * np.sin(2 * np.pi * tone * t) + 0.01 * noise).astype(np.float32)
+    x = compute_features(wave, rate, OmegaConf.merge(KALDI, {"deltas": False}))
+    assert x.shape == (1 + (len(wave) - 400) // 160, n_mels)
+    for frame in (0, 7, len(x) - 1):
+        by_hand = kaldi_fbank_frame(wave[frame * 160: frame * 160 + 400] * 32768.0, rate, n_mels)
+        np.testing.assert_allclose(x[frame], by_hand, atol=1e-3)
+    assert (x.argmax(axis=1) == 10).all()
+
+
+def test_kaldi_fbank_of_silence_is_the_log_floor_and_deterministic():
+    """Dither is off: digital silence gives ln(float epsilon) in every bin, every time (Kaldi's default dither
+    would add noise), and its deltas are zero."""
+    x = compute_features(np.zeros(1600, np.float32), 16000, KALDI)
+    np.testing.assert_allclose(x[:, :40], np.log(np.finfo(np.float32).eps), rtol=1e-6)
+    np.testing.assert_allclose(x[:, 40:], 0.0, atol=1e-5)  # rounding of the taps (2/10 is inexact)
+    wave = np.random.default_rng(1).standard_normal(4000).astype(np.float32)
+    np.testing.assert_array_equal(compute_features(wave, 16000, KALDI), compute_features(wave, 16000, KALDI))
+
+
+def test_kaldi_deltas_of_a_ramp():
+    """x[t] = t. Deltas: sum_{n=-2..2} n x[clamp(t+n)] / 10, so 1 in the middle and (1 + 2*2) / 10 = 0.5,
+    (2 + 2*3) / 10 = 0.8 at the first frames (indices clamped). Double deltas: the 9-tap filter Kaldi convolves,
+    [4, 4, 1, -4, -10, -4, 1, 4, 4] / 100, over the clamped ramp: 0 in the middle, (-4*1 + 1*2 + 4*3 + 4*4) / 100
+    = 0.26 at frame 0, then 0.21, 0.12, 0.04; the end mirrors the start with the opposite sign."""
+    ramp = np.arange(12, dtype=np.float64)[:, None]
+    out = kaldi_deltas(ramp)
+    np.testing.assert_allclose(out[:, 0], ramp[:, 0])
+    np.testing.assert_allclose(out[:, 1], [0.5, 0.8] + [1.0] * 8 + [0.8, 0.5], atol=1e-12)
+    np.testing.assert_allclose(out[:, 2], [0.26, 0.21, 0.12, 0.04] + [0.0] * 4 + [-0.04, -0.12, -0.21, -0.26],
+                               atol=1e-12)
+    assert kaldi_deltas(np.zeros((0, 4))).shape == (0, 12)  # no frames: no edge to replicate
+
+
+def test_kaldi_double_deltas_equal_deltas_twice_only_away_from_the_ends():
+    """The convolved filter is the delta applied twice wherever no index is clamped (4 frames from each end);
+    at the ends, applying it twice would replicate the deltas' edge frames instead of the features' (0.13, not
+    0.26, at frame 0 of a ramp)."""
+    x = np.random.default_rng(2).standard_normal((20, 3))
+    once = kaldi_deltas(x, order=1)[:, 3:]
+    twice = kaldi_deltas(once, order=1)[:, 3:]
+    double = kaldi_deltas(x)[:, 6:]
+    np.testing.assert_allclose(double[4:-4], twice[4:-4], atol=1e-12)
+    ramp = np.arange(12, dtype=np.float64)[:, None]
+    assert kaldi_deltas(kaldi_deltas(ramp, order=1)[:, 1:], order=1)[0, 1] == pytest.approx(0.13)
+    assert kaldi_deltas(ramp)[0, 2] == pytest.approx(0.26)

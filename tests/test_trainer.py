@@ -21,3 +21,14 @@ def test_a_blank_or_wrong_model_is_never_silent():
     assert "model.stack" in blank and "tokens.txt" in blank
     assert "the held-out CER is 95.0%" in no_learning({"epoch": 1, "cer": 0.95, "empty_output": 0.1}, 60)
     assert no_learning({"epoch": 1, "frame_acc": 0.3, "heldout_loss": 2.0}, 60) is None  # CE: no CER to judge
+
+
+def test_the_report_says_how_long_newbob_trained_and_why():
+    from recipe.report import schedule_summary
+
+    assert schedule_summary({"epochs": 4, "schedule": "fixed"}) == "4"
+    assert schedule_summary({"epochs": 9, "schedule": "newbob", "anneal_from": 6,
+                             "stop": "no new best held-out loss in the last 2 annealed epochs"}) == \
+        "9 (newbob: annealed from epoch 6; no new best held-out loss in the last 2 annealed epochs)"
+    assert schedule_summary({"epochs": 40, "schedule": "newbob", "anneal_from": None, "stop": None}) == \
+        "40 (newbob: never annealed; train.max_epochs reached)"

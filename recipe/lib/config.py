@@ -7,6 +7,7 @@ Unknown keys are errors (omegaconf struct mode), so a typo in an override never 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ class DataConf:
 
 @dataclass
 class FeatureConf:
+    # librosa: librosa's log-mel (Slaney mel scale, no pre-emphasis) and deltas over 9 frames; kaldi: Kaldi's
+    # compute-fbank-feats (dither 0) and add-deltas exactly, through kaldi-native-fbank (ACCURACY.md section 7)
+    backend: str = "librosa"
     n_mels: int = 40
     win_ms: float = 25.0
     hop_ms: float = 10.0
@@ -137,11 +141,12 @@ class OptimConf:
     # fixed: the first annealed epoch (1-based); null: the epoch after the first half (3 of 4, 6 of 10). newbob
     # never anneals before that epoch either
     anneal_start_epoch: Optional[int] = None
-    # newbob: an epoch improves when its held-out loss is this fraction below the best before it; 0.1: the
-    # built-in corpus anneals at epoch 5-6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
+    # newbob anneals after an epoch whose held-out loss is not this fraction below the best before it; 0.1:
+    # the built-in corpus anneals at epoch 6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
     newbob_margin: float = 0.1
-    newbob_patience: int = 2  # training ends after this many annealed epochs in a row that do not improve ...
-    newbob_anneal_epochs: int = 4  # ... or after this many annealed epochs (lr down to 1/4 of the peak)
+    # training ends after this many annealed epochs in a row that gain less than a tenth of the margin ...
+    newbob_patience: int = 2
+    newbob_anneal_epochs: int = 6  # ... or after this many annealed epochs (lr down to 1/8 of the peak)
 
 
 @dataclass
@@ -177,6 +182,10 @@ class DecodeConf:
     lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
     word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
     oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
+    # the beam search with the LM: numpy (recipe/lib/decode.py), or flashlight: flashlight-text's C++ lexicon
+    # decoder over the LM's vocabulary (recipe/lib/decode_flashlight.py; optional: pip install flashlight-text),
+    # which never hypothesises a word outside it (oov_penalty has nothing to charge there)
+    backend: str = "numpy"
 
 
 @dataclass
@@ -195,6 +204,8 @@ CHOICES = {
     "data.on_bad_utterance": ("error", "skip"),
     "train.objective": ("ctc", "ce"),
     "features.cmvn": ("global", "speaker", "utterance", "none"),
+    "features.backend": ("librosa", "kaldi"),
+    "decode.backend": ("numpy", "flashlight"),
     "optim.name": ("sgd", "adam", "adamw"),
     "optim.batch_scaling": ("none", "linear", "sqrt"),
     "optim.schedule": ("fixed", "newbob"),
@@ -267,6 +278,8 @@ def validate(cfg: DictConfig) -> None:
     if has_lm and not cfg.decode.beam:
         raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} / decode.lm_arpa={cfg.decode.lm_arpa} needs a beam "
                           "search: set decode.beam (e.g. 8)")
+    if cfg.decode.backend == "flashlight":
+        _check_flashlight(cfg.decode, has_lm)
     if cfg.decode.lm_arpa and not Path(cfg.decode.lm_arpa).is_file():
         raise ConfigError(f"decode.lm_arpa: {cfg.decode.lm_arpa}: no such file")
     a = cfg.augment
@@ -292,3 +305,18 @@ def validate(cfg: DictConfig) -> None:
                 raise ConfigError(f"data.{key} must be >= 1, got {cfg.data[key]}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+
+
+def _check_flashlight(decode: DictConfig, has_lm: bool) -> None:
+    """Before any work: flashlight's lexicon decoder needs a word LM (its lexicon is the LM's vocabulary), and
+    flashlight-text itself, which the recipe does not install."""
+    if not (decode.beam and has_lm):
+        raise ConfigError("decode.backend=flashlight decodes with a word LM: set decode.beam and decode.lm_order "
+                          "(or decode.lm_arpa)")
+    try:
+        found = importlib.util.find_spec("flashlight.lib.text.decoder") is not None
+    except ImportError:  # the parent package is missing
+        found = False
+    if not found:
+        raise ConfigError("decode.backend=flashlight needs flashlight-text, which the recipe does not install: "
+                          "pip install flashlight-text")

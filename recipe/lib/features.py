@@ -1,4 +1,9 @@
-"""Log-mel filterbank features with librosa, extracted in parallel worker processes and cached on disk.
+"""Log-mel filterbank features, extracted in parallel worker processes and cached on disk.
+
+Two backends (``features.backend``): librosa's log-mel (Slaney mel scale, Hann window, no pre-emphasis, deltas
+over 9 frames), and Kaldi's ``compute-fbank-feats`` + ``add-deltas`` exactly, through kaldi-native-fbank (HTK
+mel scale, Povey window, pre-emphasis 0.97, DC removal; deltas over 5 frames, double deltas over 9), so a model
+trained here sees the features a Kaldi recipe makes.
 
 The cache of a data dir lives in ``<feat_root>/<name>-<key>/``, where the key hashes the feature config, the
 sample rate and the data dir's audio entries: a rerun with the same inputs finds it and computes nothing, and
@@ -22,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+import kaldi_native_fbank as knf
 import librosa
 import numpy as np
 import soundfile
@@ -70,12 +76,22 @@ def load_audio(u: Utterance, sample_rate: int) -> np.ndarray:
 
 
 def compute_features(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np.ndarray:
-    """Samples -> (frames, dims) float32: log-mel (+ deltas + double deltas). Frames as Kaldi's snip-edges:
-    1 + (samples - window) // shift, so nothing is invented past the ends."""
+    """Samples -> (frames, dims) float32: log-mel (+ deltas + double deltas), by conf.backend. Frames as Kaldi's
+    snip-edges: 1 + (samples - window) // shift, so nothing is invented past the ends."""
     win = int(round(sample_rate * conf.win_ms / 1000))
-    hop = int(round(sample_rate * conf.hop_ms / 1000))
     if len(wave) < win:
         return np.zeros((0, feature_dim(conf)), np.float32)
+    if conf.backend == "kaldi":
+        logmel = kaldi_fbank(wave, sample_rate, conf)
+        x = kaldi_deltas(logmel) if conf.deltas else logmel
+    else:
+        x = librosa_features(wave, sample_rate, conf)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def librosa_features(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np.ndarray:
+    win = int(round(sample_rate * conf.win_ms / 1000))
+    hop = int(round(sample_rate * conf.hop_ms / 1000))
     # n_fft = window: every frame is exactly one window of samples (a power-of-two n_fft would make librosa
     # frame n_fft samples and lose frames at the end)
     mel = librosa.feature.melspectrogram(y=wave, sr=sample_rate, n_fft=win, hop_length=hop, win_length=win,
@@ -86,7 +102,47 @@ def compute_features(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np
         d1 = librosa.feature.delta(logmel, width=9, order=1, mode="nearest")
         d2 = librosa.feature.delta(logmel, width=9, order=2, mode="nearest")
         logmel = np.concatenate([logmel, d1, d2])
-    return np.ascontiguousarray(logmel.T, dtype=np.float32)
+    return logmel.T
+
+
+def kaldi_fbank(wave: np.ndarray, sample_rate: int, conf: DictConfig) -> np.ndarray:
+    """Kaldi's compute-fbank-feats with its defaults (Povey window, pre-emphasis 0.97, DC offset removed, FFT
+    of the window rounded up to a power of two, HTK mel triangles from 20 Hz to Nyquist, log floored at float
+    epsilon, snip-edges) -> (frames, n_mels). Dither off: Kaldi's default adds random noise, and a cache must be
+    a pure function of its key."""
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = sample_rate
+    opts.frame_opts.frame_length_ms = conf.win_ms
+    opts.frame_opts.frame_shift_ms = conf.hop_ms
+    opts.frame_opts.dither = 0.0
+    opts.mel_opts.num_bins = conf.n_mels
+    fbank = knf.OnlineFbank(opts)
+    # Kaldi reads 16-bit samples as they are (+-32768), librosa's floats are +-1: scaled so that the log-mels
+    # are Kaldi's own values (a constant offset of ln(32768^2) = 20.8 otherwise, and a different floor)
+    fbank.accept_waveform(sample_rate, np.asarray(wave, dtype=np.float32) * 32768)
+    fbank.input_finished()
+    return np.array([fbank.get_frame(t) for t in range(fbank.num_frames_ready)]).reshape(-1, conf.n_mels)
+
+
+def kaldi_deltas(x: np.ndarray, order: int = 2, window: int = 2) -> np.ndarray:
+    """Kaldi's add-deltas (DeltaFeatures in src/feat/feature-functions.cc): (frames, dim) -> (frames,
+    dim x (order + 1)), [x, deltas, double deltas]. Order 1 is the regression sum_{n=-2..2} n x[t+n] / 10; order
+    i is the order i-1 filter convolved with it (9 taps for order 2), and every filter reads the static features
+    with frame indices clamped to the utterance. In the middle that equals applying the delta twice; within 4
+    frames of an end it does not (the edge frames are replicated once, not at each pass)."""
+    if not len(x):
+        return np.zeros((0, x.shape[1] * (order + 1)))
+    regression = np.arange(-window, window + 1) / float(2 * sum(n * n for n in range(1, window + 1)))
+    filters = [np.ones(1)]
+    for _ in range(order):
+        filters.append(np.convolve(filters[-1], regression))
+    frames = len(x)
+    out = []
+    for taps in filters:
+        reach = len(taps) // 2
+        padded = np.pad(x.astype(np.float64), ((reach, reach), (0, 0)), mode="edge")  # clamped indices
+        out.append(sum(c * padded[k: k + frames] for k, c in enumerate(taps)))
+    return np.concatenate(out, axis=1)
 
 
 CACHE_FORMAT = 2  # in the key: a cache written in an older layout is never read as the new one
@@ -94,7 +150,10 @@ SHARD_BYTES = 1 << 30  # features are split into files of about this size (a 200
 
 
 def cache_key(utts: list[Utterance], conf: DictConfig, sample_rate: int) -> str:
-    h = hashlib.sha1(json.dumps(OmegaConf.to_container(conf), sort_keys=True).encode())
+    settings = OmegaConf.to_container(conf)
+    if settings.get("backend") == "librosa":  # so the librosa caches written before the choice existed stay valid
+        del settings["backend"]
+    h = hashlib.sha1(json.dumps(settings, sort_keys=True).encode())
     h.update(f"{sample_rate} format{CACHE_FORMAT}".encode())
     for u in utts:
         h.update(f"{u.utt} {u.audio} {u.start} {u.end} {u.speed}\n".encode())

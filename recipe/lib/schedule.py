@@ -57,24 +57,25 @@ class Plan:
 
 
 def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning: bool, optim) -> Plan:
-    """After the epochs whose held-out losses are `losses` (the last one just trained): an epoch *improves* when
-    its loss is below (1 - optim.newbob_margin) x the best before it. Annealing starts after the first epoch
-    that does not improve, once `earliest` epochs are done and the model is `learning` (off CTC's all-blank
-    plateau, where the loss stalls before anything is learnt). Training ends after optim.newbob_patience
-    annealed epochs in a row that do not improve (a single bad epoch of a noisy small corpus does not end it),
-    or after optim.newbob_anneal_epochs annealed epochs (a loss that keeps falling by a margin of itself as it
-    nears 0, on an easy corpus, would otherwise keep training for little gain)."""
+    """After the epochs whose held-out losses are `losses` (the last one just trained). Annealing starts after
+    the first epoch whose loss is not below (1 - optim.newbob_margin) x the best before it, once `earliest`
+    epochs are done and the model is `learning` (off CTC's all-blank plateau, where the loss stalls before
+    anything is learnt). Training ends after optim.newbob_patience annealed epochs in a row that do not improve
+    by a tenth of that margin (Kaldi's end threshold is a tenth of its start one: a single bad epoch of a noisy
+    small corpus, or a gain below the margin, does not end it), or after optim.newbob_anneal_epochs annealed
+    epochs (a loss that keeps falling by a margin of itself as it nears 0, on an easy corpus, would keep
+    training for little)."""
     epoch = len(losses)
     best_before = [min((x for x in losses[:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
-    improved = [loss < (1 - optim.newbob_margin) * best for loss, best in zip(losses, best_before)]
     if anneal_from is None:
-        if epoch >= earliest and learning and not improved[-1]:
+        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * best_before[-1]:
             return Plan(epoch + 1, None)
         return Plan(None, None)
-    annealed = improved[anneal_from - 1:]
-    stalled = len(annealed) - max((i + 1 for i, up in enumerate(annealed) if up), default=0)
+    gains = [loss < (1 - optim.newbob_margin / 10) * best for loss, best in zip(losses, best_before)]
+    annealed = gains[anneal_from - 1:]
+    stalled = len(annealed) - max((i + 1 for i, gain in enumerate(annealed) if gain), default=0)
     if stalled >= optim.newbob_patience:
-        return Plan(anneal_from, f"the held-out loss did not improve by {optim.newbob_margin:.0%} in the last "
+        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} in the last "
                                  f"{stalled} annealed epochs")
     if len(annealed) >= optim.newbob_anneal_epochs:
         return Plan(anneal_from, f"{len(annealed)} annealed epochs (optim.newbob_anneal_epochs)")

@@ -54,6 +54,9 @@ def run_learners(fn, world: int, *args, timeout: float | None = 600.0, allow_fai
 
 def train_learner(rank: int, world: int, argv: list[str]) -> dict:
     """recipe/train.py with these arguments, in a learner started by run_learners -> its metrics."""
+    from comm import shutdown_distributed
     from recipe.train import Trainer, parse_args
 
-    return Trainer(parse_args(argv)).train()
+    metrics = Trainer(parse_args(argv)).train()
+    shutdown_distributed()
+    return metrics

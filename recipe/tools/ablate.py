@@ -1,0 +1,81 @@
+"""Why ADPSGD trails SYNC beyond 2 learners: each hypothesis an arm, the same data, learners, epochs and seed.
+
+    python -m recipe.tools.ablate [--work exp/ablate] [--learners 4] [--utterances 1500] [--epochs 4]
+                                  [--seeds 0] [--arms sync adpsgd ...]
+
+Every arm trains recipe/train.py on the same subset of the built-in corpus for the same epochs (the fixed
+schedule) and prints its held-out greedy CER after every epoch and its final held-out loss, so an arm that
+closes the gap shows where it opens. The arms (ARMS below) change one thing each against plain ADPSGD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from recipe.tools.bench import prepare_subset, run_arm
+
+# name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides)
+ARMS = {
+    "sync": ("ds_configs/sync.json", {}, {}, []),
+    "adpsgd": ("ds_configs/adpsgd.json", {}, {}, []),
+    # clipping at 5 acts on a learner's own gradient of 8 utterances under ADPSGD, whose norm is larger than
+    # that of SYNC's average over all learners: it may clip where SYNC does not
+    "adpsgd-noclip": ("ds_configs/adpsgd.json", {}, {"gradient_clipping": 0.0}, []),
+    "sync-noclip": ("ds_configs/sync.json", {}, {"gradient_clipping": 0.0}, []),
+    # Adam normalizes each learner's noisy small-batch gradient: averaging the normalized steps of 4 learners
+    # moves the consensus less than one normalized step of their average gradient does
+    "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
+    "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, []),
+    "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, []),  # rounds back to back, not per step
+}
+
+
+def run(a) -> dict[str, list[dict]]:
+    work = Path(a.work).resolve()
+    base, subset = prepare_subset(work, a.utterances, a.epochs)
+    results: dict[str, list[dict]] = {}
+    for seed in a.seeds:
+        for name in a.arms:
+            json_path, comm, engine, overrides = ARMS[name]
+            run_name = f"{name}-seed{seed}"
+            m = run_arm(work, base, run_name, (json_path, comm), [*subset, *a.overrides, *overrides,
+                                                                   f"train.seed={seed}"], a.learners, engine=engine)
+            log = [json.loads(line) for line in (work / run_name / "train_log.jsonl").read_text().splitlines()]
+            results.setdefault(name, []).append({"metrics": m, "log": log})
+            curve = " ".join(f"{100 * r['cer']:5.1f}" for r in log)
+            print(f"seed {seed} {name:>20}: greedy CER per epoch {curve} %  held-out loss {m['heldout_loss']:.3f}  "
+                  f"{m['wall_s'] / a.epochs:.0f} s/epoch", flush=True)
+    return results
+
+
+def summary(results: dict[str, list[dict]]) -> None:
+    sync = statistics.mean(r["metrics"]["cer"] for r in results.get("sync", [])) if "sync" in results else None
+    print(f"{'arm':>20} {'mean final CER':>15} {'vs SYNC':>8} {'mean held-out loss':>19}")
+    for name, runs in results.items():
+        cer = statistics.mean(r["metrics"]["cer"] for r in runs)
+        loss = statistics.mean(r["metrics"]["heldout_loss"] for r in runs)
+        ratio = f"{cer / sync:8.2f}" if sync else f"{'':>8}"
+        print(f"{name:>20} {100 * cer:14.2f}% {ratio} {loss:19.3f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="exp/ablate")
+    p.add_argument("--learners", type=int, default=4)
+    p.add_argument("--utterances", type=int, default=1500)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("overrides", nargs="*", help="recipe YAML overrides for every arm, e.g. model.stack=4")
+    a = p.parse_args(argv)
+    print(f"ablation: {a.learners} learners, {a.utterances} utterances, {a.epochs} epochs (fixed schedule), "
+          f"seeds {a.seeds}", flush=True)
+    summary(run(a))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
