@@ -28,6 +28,7 @@ ARMS = {
     # Adam normalizes each learner's noisy small-batch gradient: averaging the normalized steps of 4 learners
     # moves the consensus less than one normalized step of their average gradient does
     "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
+    "sync-linear-lr": ("ds_configs/sync.json", {}, {}, ["optim.batch_scaling=linear"]),  # the same lr for SYNC
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, []),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, []),  # rounds back to back, not per step
 }
