@@ -43,6 +43,8 @@ class StudyConf:
     batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
     slowdowns: list = field(default_factory=lambda: [1, 2, 4])
     localsgd_slowdowns: list = field(default_factory=lambda: [1, 2])  # LOCALSGD's straggler runs: 1x and 2x
+    # LOCALSGD's synchronous start (its JSON's 100, torch's example, would be most of a study run's steps)
+    localsgd_warmup_steps: int = 10
     target_factor: float = 1.5  # the target: held-out CER <= this x SYNC's final CER (part 1), time to it per run
     # Recipe YAML overrides for every run (a list given on the command line replaces this one). 4 stacked
     # frames, annealing from epoch 4: at the recipe's default 2, CTC is still on its all-blank plateau after 3
@@ -81,7 +83,9 @@ def run_study(conf: StudyConf) -> Path:
         done = root / "runs" / run["name"] / "metrics.json"
         if not done.is_file():
             t0 = time.perf_counter()
-            run_arm(root / "runs", base, run["name"], (STRATEGY_JSON[run["strategy"]], run["comm"]),
+            comm = {**run["comm"], **({"warmup_steps": conf.localsgd_warmup_steps}
+                                      if run["strategy"] == "localsgd" else {})}
+            run_arm(root / "runs", base, run["name"], (STRATEGY_JSON[run["strategy"]], comm),
                     [*subset, *conf.overrides], conf.learners, run["nodes"], run["engine"])
             print(f"study: {run['name']} done in {time.perf_counter() - t0:.0f} s", flush=True)
         metrics = json.loads(done.read_text())
