@@ -100,6 +100,23 @@ class Step(NamedTuple):
     grad_norm: float | None  # at a boundary, before clipping (None: not known, e.g. DeepSpeed's mixed precision)
 
 
+def backward(engine, loss: torch.Tensor) -> None:
+    """engine.backward(loss), with fp16's loss scale applied where DeepSpeed forgets it. DeepSpeed 0.19.8 scales
+    the loss for ZeRO's optimizers only, while its fp16 optimizers without ZeRO still divide the gradients by the
+    loss scale in step(): every update came out 65,536x too small and fp16 did not learn (first seen on an H200,
+    BENCHMARKS.md §10; deepspeedai/DeepSpeed#8393). tests/test_precision.py fails once DeepSpeed scales itself."""
+    if engine.fp16_enabled() and not engine.zero_optimization():
+        loss = loss * engine.optimizer.loss_scale
+    engine.backward(loss)
+
+
+def grads_scale(engine) -> float:
+    """What DeepSpeed's gradient norm is to be divided by: the loss scale of the step about to be taken where
+    the optimizer reports the norm of the scaled gradients (the unfused fp16 one), else 1."""
+    unfused = engine.fp16_enabled() and type(engine.optimizer).__name__ == "FP16_UnfusedOptimizer"
+    return float(engine.optimizer.loss_scale) if unfused else 1.0
+
+
 def train_step(engine, strategy, batch: dict) -> Step:
     """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), then
     the optimizer step or its skip, and the strategy's hook. A step with a non-finite gradient is skipped: in
@@ -109,9 +126,9 @@ def train_step(engine, strategy, batch: dict) -> Step:
     dtype = next(engine.module.parameters()).dtype
     logits, out_lengths = engine(batch["feats"].to(engine.device, dtype), batch["lengths"].to(engine.device))
     loss = batch_loss(logits, out_lengths, batch)
-    engine.backward(loss)
+    backward(engine, loss)
     boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
-    skipped_before = engine.skipped_steps
+    skipped_before, scale = engine.skipped_steps, grads_scale(engine)  # both before step() changes them
     mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
     norm = gradient_norm(engine.module) if boundary and not mixed else None
     skip = norm is not None and not math.isfinite(norm)
@@ -122,6 +139,7 @@ def train_step(engine, strategy, batch: dict) -> Step:
     if not boundary:
         return Step(loss.item(), None, None)
     strategy.after_step(engine)
-    norm = norm if norm is not None else engine.get_global_grad_norm()
+    if norm is None and engine.get_global_grad_norm() is not None:
+        norm = engine.get_global_grad_norm() / scale
     return Step(loss.item(), not (skip or engine.skipped_steps > skipped_before),
                 None if norm is None else float(norm))

@@ -7,8 +7,9 @@ In one call, as a world of one learner (NCCL on CUDA; gloo where there is no GPU
      in a DeepSpeed engine configured by ds_configs/tuning/sync_bf16.json, trained with frame-level cross
      entropy on random 21-frame chunks of 260-dim input (the paper's shape; 64 chunks per micro batch from the
      JSON): loss at the start and the end, and training frames/s after warm-up;
-  2. the ADPSGD gossip staging path: a snapshot of the weights to host memory and a delta added back on the
-     device, as every gossip round does (comm/gossip.py): milliseconds per exchange and GB/s;
+  2. the ADPSGD gossip staging path: a snapshot of the fp32 master weights to pinned host memory and a delta
+     added back on the device, as every gossip round does (comm/gossip.py HostStaging): milliseconds per
+     exchange and GB/s (before 2026-12-04 it timed a plain pageable copy of the module's weights instead);
   3. a gossip merge on the bf16 engine, from a simulated peer (NCCL refuses two learners on one GPU): added to
      DeepSpeed's fp32 master weights as comm/weights.py does, it must survive the next optimizer step (at
      learning rate 0) and be what the module computes with (DESIGN.md §9.15).
@@ -28,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from comm.weights import Weights
+
 REPO = Path(__file__).resolve().parents[2]
 SIZES = {  # model settings: the paper's, and a tiny one for the CPU test
     "paper": {"input_dim": 260, "output_dim": 32000, "layers": 6, "hidden": 512, "bottleneck": 256},
@@ -42,6 +45,8 @@ def synchronize() -> None:
 
 
 def train_throughput(engine, steps: int, warmup: int, micro: int, dims: dict) -> dict:
+    from recipe.lib.engine import backward
+
     device, dtype = engine.device, next(engine.module.parameters()).dtype
     g = torch.Generator(device="cpu").manual_seed(0)
     feats = torch.randn(micro, CHUNK, dims["input_dim"], generator=g).to(device, dtype)
@@ -54,7 +59,7 @@ def train_throughput(engine, steps: int, warmup: int, micro: int, dims: dict) ->
             t0 = time.perf_counter()
         logits, _ = engine(feats, lengths)  # (B, 21, V)
         loss = F.cross_entropy(logits.float().reshape(-1, dims["output_dim"]), targets.reshape(-1))
-        engine.backward(loss)
+        backward(engine, loss)  # fp16's loss scale as the recipe applies it
         engine.step()
         if step in (0, warmup + steps - 1):
             losses.append(loss.item())
@@ -64,15 +69,18 @@ def train_throughput(engine, steps: int, warmup: int, micro: int, dims: dict) ->
             "step_ms": 1000 * wall / steps, "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def staging_cost(params: list[torch.Tensor], repeats: int = 10) -> dict:
-    from comm.gossip import add_flat, flatten
+def staging_cost(masters: list[torch.Tensor], repeats: int = 10) -> dict:
+    """The gossip thread's staging path itself (comm/gossip.py HostStaging, on the fp32 master weights it
+    mixes): a snapshot into pinned host memory on its own stream, and a pinned delta added back."""
+    from comm.gossip import HostStaging, add_flat
 
-    delta = torch.zeros(sum(p.numel() for p in params))
+    staging = HostStaging(masters)
+    delta = staging.to_pinned(torch.zeros(sum(p.numel() for p in masters)))
     synchronize()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        snapshot = flatten(params)  # device -> host, fp32
-        add_flat(params, delta)  # host -> device, added in place
+        snapshot = staging.snapshot()  # device -> host, fp32
+        add_flat(masters, delta)  # host -> device, added in place
     synchronize()
     seconds = (time.perf_counter() - t0) / repeats
     return {"staging_ms_per_exchange": 1000 * seconds,
@@ -83,7 +91,6 @@ def merge_survives_a_step(engine, dims: dict, micro: int) -> dict:
     """A peer's delta merged into the master weights, then one optimizer step at lr 0: -> how far the masters
     are from the merged weights (0: kept) and the module's parameters from the masters (bf16 rounding)."""
     from comm.gossip import add_flat, flatten
-    from comm.weights import Weights
 
     weights = Weights(engine)
     merged = flatten(weights.masters) + 0.5
@@ -136,7 +143,7 @@ def main(argv=None) -> int:
               "size": a.size, "params": count_parameters(engine.module),
               "dtype": str(next(engine.module.parameters()).dtype),
               **train_throughput(engine, a.steps, a.warmup, engine_conf["train_micro_batch_size_per_gpu"], dims),
-              **staging_cost(list(engine.module.parameters())),
+              **staging_cost(Weights(engine).masters),
               **merge_survives_a_step(engine, dims, engine_conf["train_micro_batch_size_per_gpu"])}
     if torch.cuda.is_available():
         result["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
