@@ -5,7 +5,8 @@
 
 Every arm trains recipe/train.py on the same subset of the built-in corpus for the same epochs (the fixed
 schedule) and prints its held-out greedy CER after every epoch and its final held-out loss, so an arm that
-closes the gap shows where it opens. The arms (ARMS below) change one thing each against plain ADPSGD.
+closes the gap shows where it opens. The arms (ARMS below) change one thing each against plain ADPSGD (or
+HYBRID, on 2 emulated nodes).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ ARMS = {
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, ["optim.batch_scaling=linear"]),  # the same lr for SYNC
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, []),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, []),  # rounds back to back, not per step
+    # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
+    "hybrid": ("ds_configs/hybrid.json", {}, {}, []),
+    "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, ["optim.batch_scaling=linear"]),
 }
+NODES = {"hybrid": 2, "hybrid-linear-lr": 2}  # emulated nodes of the arms that have more than one
 
 
 def run(a) -> dict[str, list[dict]]:
@@ -42,8 +47,9 @@ def run(a) -> dict[str, list[dict]]:
         for name in a.arms:
             json_path, comm, engine, overrides = ARMS[name]
             run_name = f"{name}-seed{seed}"
-            m = run_arm(work, base, run_name, (json_path, comm), [*subset, *a.overrides, *overrides,
-                                                                   f"train.seed={seed}"], a.learners, engine=engine)
+            overrides = [*subset, *a.overrides, *overrides, f"train.seed={seed}"]
+            m = run_arm(work, base, run_name, (json_path, comm), overrides, a.learners, nodes=NODES.get(name, 1),
+                        engine=engine)
             log = [json.loads(line) for line in (work / run_name / "train_log.jsonl").read_text().splitlines()]
             results.setdefault(name, []).append({"metrics": m, "log": log})
             curve = " ".join(f"{100 * r['cer']:5.1f}" for r in log)
