@@ -44,7 +44,7 @@ from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters
 from recipe.evaluate import evaluate, rates
 from recipe.lib.board import Board
-from recipe.lib.config import ConfigError, load_config
+from recipe.lib.config import ConfigError, for_strategy, load_config
 from recipe.lib.dataset import BucketBatchSampler
 from recipe.lib.ds_config import load_ds_config
 from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
@@ -140,6 +140,7 @@ class Trainer:
         init_distributed(self.conf.train.collective_timeout_s)
         self.heartbeat = Heartbeat(self.layout.rank, self.layout.world_size)  # finds lost learners
         self.strategy = build_strategy(comm_conf, self.layout, self.heartbeat)
+        self.conf = for_strategy(self.conf, self.strategy.name)  # optim.batch_scaling=auto
         self.faults = FaultInjector(comm_conf.get("debug", {}), self.layout.rank)
         if self.strategy.members.goes_on:  # without a lost learner: the launcher must not stop the others
             declare_goes_on()

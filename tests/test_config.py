@@ -8,7 +8,7 @@ import pytest
 
 from comm import ProcessLayout, build_strategy
 from comm.layout import LayoutError
-from recipe.lib.config import ConfigError, load_config
+from recipe.lib.config import ConfigError, for_strategy, load_config
 from recipe.lib.ds_config import load_ds_config
 from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, planned_epochs
 from tests.conftest import REPO
@@ -88,6 +88,19 @@ def test_learning_rate_schedule():
     # the fixed schedule anneals from anneal_start_epoch, unset: after the first half, 3 of 4, 16 of 30
     assert fixed_anneal_start(sqrt, 4) == 3 and fixed_anneal_start(sqrt, 30) == 16
     assert fixed_anneal_start(load_config(None, ["optim.anneal_start_epoch=6"]).optim, 30) == 6
+
+
+def test_batch_scaling_auto_is_resolved_by_the_strategy():
+    conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16", "optim.warmup_epochs=0"])
+    assert conf.optim.batch_scaling == "auto"  # the default
+    with pytest.raises(ValueError, match="depends on the strategy"):  # never silently one of the rules
+        learning_rate(conf.optim, 64, 1, 0.5, None)
+    assert learning_rate(for_strategy(conf, "sync").optim, 64, 1, 0.5, None) == pytest.approx(0.2)  # sqrt(4)
+    for gossip in ("adpsgd", "hybrid", "localsgd"):
+        assert learning_rate(for_strategy(conf, gossip).optim, 64, 1, 0.5, None) == pytest.approx(0.4)  # 4x
+    assert conf.optim.batch_scaling == "auto"  # resolved in a copy
+    given = load_config(None, ["optim.batch_scaling=sqrt"])
+    assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # a rule the user names wins
 
 
 def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_no_longer_helps():

@@ -7,6 +7,8 @@ Unknown keys are errors (omegaconf struct mode), so a typo in an override never 
 
 from __future__ import annotations
 
+import copy
+
 import importlib.util
 import re
 from dataclasses import dataclass, field
@@ -109,6 +111,24 @@ def resolve_augment(cfg: DictConfig) -> None:
             cfg.augment[key] = value
 
 
+# optim.batch_scaling=auto, measured per strategy (ACCURACY.md section 8): where learners step on their own
+# gradients between averages (gossip, periodic averaging), the average of their Adam steps, each normalized by
+# its own noisy small-batch statistics, moves the consensus less than SYNC's step on the global gradient does;
+# the linear rule restores it. SYNC keeps the square root it was tuned with.
+AUTO_BATCH_SCALING = {"sync": "sqrt", "adpsgd": "linear", "hybrid": "linear", "localsgd": "linear"}
+
+
+def for_strategy(cfg: DictConfig, strategy: str) -> DictConfig:
+    """The config with what depends on the strategy resolved: EXP/conf.yaml records the rule that was used."""
+    if cfg.optim.batch_scaling != "auto":
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(cfg, False)
+    cfg.optim.batch_scaling = AUTO_BATCH_SCALING[strategy]
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
 @dataclass
 class ModelConf:
     input_dim: int = 0  # 0: taken from the features; otherwise must match them
@@ -131,7 +151,8 @@ class OptimConf:
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0
     base_batch: int = 16  # global batch that lr refers to
-    batch_scaling: str = "sqrt"  # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p
+    # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p; auto: by the strategy (AUTO_BATCH_SCALING)
+    batch_scaling: str = "auto"
     warmup_epochs: float = 0.3  # linear warm-up from 0 over this many epochs of global progress
     anneal_factor: float = 0.7071067811865476  # lr *= this every annealed epoch (1/sqrt(2), as in the paper)
     # when annealing starts and training ends (recipe/lib/schedule.py): fixed: the planned epochs (train.epochs,
@@ -207,7 +228,7 @@ CHOICES = {
     "features.backend": ("librosa", "kaldi"),
     "decode.backend": ("numpy", "flashlight"),
     "optim.name": ("sgd", "adam", "adamw"),
-    "optim.batch_scaling": ("none", "linear", "sqrt"),
+    "optim.batch_scaling": ("auto", "none", "linear", "sqrt"),
     "optim.schedule": ("fixed", "newbob"),
 }
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from model.lstm import ctc_loss, frame_ce_loss
+from recipe.lib.config import for_strategy
 from recipe.lib.schedule import learning_rate
 
 
@@ -73,7 +74,7 @@ def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, engin
 
 def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_batch: int):
     """The engine of an experiment's model and optimizer (EXP's config), the same initial weights everywhere."""
-    conf = exp.conf
+    conf = for_strategy(exp.conf, strategy.name)  # optim.batch_scaling=auto
     torch.manual_seed(conf.train.seed)
     model = exp.build_model(input_dim)
     optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 1, 0.0, None))

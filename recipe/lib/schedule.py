@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 def scaled_lr(optim, global_batch: int) -> float:
     """Peak lr for a global batch: the batch-size scaling rule (linear: Goyal et al. 2017; sqrt: Krizhevsky 2014)."""
+    if optim.batch_scaling == "auto":
+        raise ValueError("optim.batch_scaling=auto depends on the strategy: resolve it first "
+                         "(recipe.lib.config.for_strategy)")
     ratio = global_batch / optim.base_batch
     return optim.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[optim.batch_scaling]
 

@@ -18,23 +18,28 @@ from pathlib import Path
 
 from recipe.tools.bench import prepare_subset, run_arm
 
-# name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides)
+# name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm at the square-
+# root lr rule, the default before optim.batch_scaling=auto, unless its name says linear.
+SQRT = ["optim.batch_scaling=sqrt"]
 ARMS = {
-    "sync": ("ds_configs/sync.json", {}, {}, []),
-    "adpsgd": ("ds_configs/adpsgd.json", {}, {}, []),
+    "sync": ("ds_configs/sync.json", {}, {}, SQRT),
+    "adpsgd": ("ds_configs/adpsgd.json", {}, {}, SQRT),
     # clipping at 5 acts on a learner's own gradient of 8 utterances under ADPSGD, whose norm is larger than
     # that of SYNC's average over all learners: it may clip where SYNC does not
-    "adpsgd-noclip": ("ds_configs/adpsgd.json", {}, {"gradient_clipping": 0.0}, []),
-    "sync-noclip": ("ds_configs/sync.json", {}, {"gradient_clipping": 0.0}, []),
+    "adpsgd-noclip": ("ds_configs/adpsgd.json", {}, {"gradient_clipping": 0.0}, SQRT),
+    "sync-noclip": ("ds_configs/sync.json", {}, {"gradient_clipping": 0.0}, SQRT),
     # Adam normalizes each learner's noisy small-batch gradient: averaging the normalized steps of 4 learners
     # moves the consensus less than one normalized step of their average gradient does
     "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, ["optim.batch_scaling=linear"]),  # the same lr for SYNC
-    "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, []),
-    "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, []),  # rounds back to back, not per step
+    "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
+    "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
-    "hybrid": ("ds_configs/hybrid.json", {}, {}, []),
+    "hybrid": ("ds_configs/hybrid.json", {}, {}, SQRT),
     "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, ["optim.batch_scaling=linear"]),
+    # torch's post-local SGD (periodic model averaging): learners also step on their own gradients between averages
+    "localsgd": ("ds_configs/localsgd.json", {}, {}, SQRT),
+    "localsgd-linear-lr": ("ds_configs/localsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
 }
 NODES = {"hybrid": 2, "hybrid-linear-lr": 2}  # emulated nodes of the arms that have more than one
 
