@@ -99,6 +99,10 @@ def test_batch_scaling_auto_is_resolved_by_the_strategy():
     for gossip in ("adpsgd", "hybrid", "localsgd"):
         assert learning_rate(for_strategy(conf, gossip).optim, 64, 1, 0.5, None) == pytest.approx(0.4)  # 4x
     assert conf.optim.batch_scaling == "auto"  # resolved in a copy
+    from comm import STRATEGIES
+    from recipe.lib.config import AUTO_BATCH_SCALING
+
+    assert set(AUTO_BATCH_SCALING) == set(STRATEGIES)  # a new strategy needs its rule decided
     given = load_config(None, ["optim.batch_scaling=sqrt"])
     assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # a rule the user names wins
 

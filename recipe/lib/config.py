@@ -8,7 +8,6 @@ Unknown keys are errors (omegaconf struct mode), so a typo in an override never 
 from __future__ import annotations
 
 import copy
-
 import importlib.util
 import re
 from dataclasses import dataclass, field
