@@ -23,9 +23,9 @@ def one_step(rank: int, world: int, precision: str, recipe_backward: bool) -> di
     from deepspeed.accelerator import get_accelerator
 
     from comm import ProcessLayout, build_strategy, init_distributed
+    from comm.weights import master_weights
     from model.lstm import LSTMAcousticModel, ctc_loss
     from recipe.lib.engine import backward, build_engine, gradient_norm, grads_scale
-    from comm.weights import master_weights
 
     accelerator = get_accelerator()  # fp16 on the CPU: see the module's docstring
     supported = accelerator.supported_dtypes()
@@ -42,7 +42,10 @@ def one_step(rank: int, world: int, precision: str, recipe_backward: bool) -> di
     feats = torch.randn(2, 10, 12, generator=g).to(next(engine.module.parameters()).dtype)
     logits, out_lengths = engine(feats, torch.tensor([10, 8]))
     loss = ctc_loss(logits, out_lengths, torch.randint(1, 6, (4,), generator=g), torch.tensor([2, 2]))
-    backward(engine, loss) if recipe_backward else engine.backward(loss)
+    if recipe_backward:
+        backward(engine, loss)
+    else:
+        engine.backward(loss)
     scale, fp32_norm = grads_scale(engine), gradient_norm(engine.module)  # the latter: fp32's (unscaled) norm
     engine.step()
     after = torch.cat([w.detach().float().flatten() for w in master_weights(engine)])

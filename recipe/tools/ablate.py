@@ -52,8 +52,8 @@ def run(a) -> dict[str, list[dict]]:
         for name in a.arms:
             json_path, comm, engine, overrides = ARMS[name]
             run_name = f"{name}-seed{seed}"
-            overrides = [*subset, *a.overrides, *overrides, f"train.seed={seed}"]
-            m = run_arm(work, base, run_name, (json_path, comm), overrides, a.learners, nodes=NODES.get(name, 1),
+            settings = [*subset, *a.overrides, *overrides, f"train.seed={seed}"]
+            m = run_arm(work, base, run_name, (json_path, comm), settings, a.learners, nodes=NODES.get(name, 1),
                         engine=engine)
             log = [json.loads(line) for line in (work / run_name / "train_log.jsonl").read_text().splitlines()]
             results.setdefault(name, []).append({"metrics": m, "log": log})
