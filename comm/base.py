@@ -64,6 +64,12 @@ class Strategy:
         """Learners whose gradients DeepSpeed averages: its train_batch_size counts their micro batches."""
         return self.layout.world_size
 
+    @property
+    def replicas(self) -> int:
+        """Model copies that step on their own gradients (SYNC: 1; ADPSGD, LOCALSGD: every learner; HYBRID:
+        every node): the learning-rate rule sqrt_replicas scales with them (recipe/lib/schedule.py)."""
+        return self.layout.world_size // self.data_parallel_size
+
     def gossip_ranks(self) -> list[int] | None:
         """The learners that gossip (None: no gossip)."""
         return None

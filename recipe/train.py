@@ -249,7 +249,8 @@ class Trainer:
         task = bar.add_task(f"epoch {epoch} of {of}", total=self.steps_per_epoch * self.accum,
                             loss=0.0, fps=0.0)
         for micro_step, (batch, progress) in enumerate(self.strategy.batches(self.sampler, epoch, self.accum)):
-            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch, progress, self.state.anneal_from)
+            totals.lr = learning_rate(self.conf.optim, self.global_batch, epoch, progress, self.state.anneal_from,
+                                      self.strategy.replicas)
             for group in self.engine.optimizer.param_groups:
                 group["lr"] = totals.lr
             # augmentation drawn from (seed, epoch, learner, step): reproducible, and the same after a resume

@@ -44,6 +44,13 @@ def test_every_shipped_config_loads():
         assert "comm" not in engine
 
 
+def test_replicas_are_the_model_copies_that_step_on_their_own():
+    layout = ProcessLayout(world_size=8, local_size=4, nodes=2)
+    replicas = {name: build_strategy({"strategy": name}, layout).replicas
+                for name in ("sync", "adpsgd", "hybrid", "localsgd")}
+    assert replicas == {"sync": 1, "adpsgd": 8, "hybrid": 2, "localsgd": 8}
+
+
 def test_strategy_registry_rejects_unknown_names_and_options():
     with pytest.raises(ValueError, match="unknown strategy 'asgd'.*valid: adpsgd, hybrid, localsgd, sync"):
         build_strategy({"strategy": "asgd"}, ProcessLayout())
@@ -85,27 +92,37 @@ def test_learning_rate_schedule():
     sqrt = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=0",
                               "optim.batch_scaling=sqrt"]).optim
     assert learning_rate(sqrt, 1024, 1, 0.5, None) == pytest.approx(0.2)
+    replicas = load_config(None, ["optim.lr=0.1", "optim.base_batch=256", "optim.warmup_epochs=0",
+                                  "optim.batch_scaling=sqrt_replicas"]).optim
+    assert learning_rate(replicas, 1024, 1, 0.5, None, replicas=1) == pytest.approx(0.2)  # one copy: sqrt
+    assert learning_rate(replicas, 1024, 1, 0.5, None, replicas=4) == pytest.approx(0.4)  # sqrt(4 x 4)
     # the fixed schedule anneals from anneal_start_epoch, unset: after the first half, 3 of 4, 16 of 30
     assert fixed_anneal_start(sqrt, 4) == 3 and fixed_anneal_start(sqrt, 30) == 16
     assert fixed_anneal_start(load_config(None, ["optim.anneal_start_epoch=6"]).optim, 30) == 6
 
 
-def test_batch_scaling_auto_is_resolved_by_the_strategy():
-    conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16", "optim.warmup_epochs=0"])
-    assert conf.optim.batch_scaling == "auto"  # the default
+def test_batch_scaling_and_warm_up_are_resolved_by_the_strategy():
+    conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16"])
+    assert conf.optim.batch_scaling == "auto" and conf.optim.warmup_epochs is None  # the defaults
     with pytest.raises(ValueError, match="depends on the strategy"):  # never silently one of the rules
-        learning_rate(conf.optim, 64, 1, 0.5, None)
+        learning_rate(conf.optim, 64, 2, 0.5, None)
     for averaged in ("sync", "localsgd"):
-        assert learning_rate(for_strategy(conf, averaged).optim, 64, 1, 0.5, None) == pytest.approx(0.2)  # sqrt(4)
+        optim = for_strategy(conf, averaged).optim
+        assert optim.warmup_epochs == 0.3
+        assert learning_rate(optim, 64, 2, 0.5, None) == pytest.approx(0.2)  # sqrt(4)
     for gossip in ("adpsgd", "hybrid"):
-        assert learning_rate(for_strategy(conf, gossip).optim, 64, 1, 0.5, None) == pytest.approx(0.4)  # 4x
-    assert conf.optim.batch_scaling == "auto"  # resolved in a copy
+        optim = for_strategy(conf, gossip).optim
+        assert optim.warmup_epochs == 1.0
+        assert learning_rate(optim, 64, 2, 0.5, None, replicas=4) == pytest.approx(0.4)  # sqrt(4 x 4)
+        assert learning_rate(optim, 64, 1, 0.5, None, replicas=4) == pytest.approx(0.2)  # half way up
+    assert conf.optim.batch_scaling == "auto" and conf.optim.warmup_epochs is None  # resolved in a copy
     from comm import STRATEGIES
-    from recipe.lib.config import AUTO_BATCH_SCALING
+    from recipe.lib.config import AUTO_OPTIM
 
-    assert set(AUTO_BATCH_SCALING) == set(STRATEGIES)  # a new strategy needs its rule decided
-    given = load_config(None, ["optim.batch_scaling=sqrt"])
-    assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # a rule the user names wins
+    assert set(AUTO_OPTIM) == set(STRATEGIES)  # a new strategy needs its rule decided
+    given = load_config(None, ["optim.batch_scaling=sqrt", "optim.warmup_epochs=0.5"])
+    assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # what the user names wins
+    assert for_strategy(given, "adpsgd").optim.warmup_epochs == 0.5
 
 
 def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_no_longer_helps():

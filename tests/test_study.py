@@ -15,25 +15,30 @@ TINY_MODEL = [o for o in TINY if o.startswith(("model.", "optim."))]
 def test_the_plan_runs_every_setting_once_and_shares_the_base_runs():
     runs = plan(StudyConf())
     names = [r["name"] for r in runs]
-    # strategies; SYNC and ADPSGD x (3 batch sizes + 3 slowdowns); LOCALSGD x 2 slowdowns
-    assert len(runs) == 4 + 2 * (3 + 3) + 2
-    assert len(set(names)) == len(runs) - 2  # the 1x batch and the 1x slowdown are the same run
-    assert [r["name"] for r in runs if r["strategy"] == "localsgd"] == ["strategy-localsgd", "base-localsgd",
-                                                                        "straggler2x-localsgd"]
+    # strategies at 4 and 8 learners; SYNC and ADPSGD x (5 batch sizes + 2 slowdowns); LOCALSGD x 2 slowdowns
+    assert len(runs) == 2 * 4 + 2 * (5 + 2) + 2
+    assert len(set(names)) == len(runs) - 2  # the 32-utterance batch and the 1x slowdown are the same run
+    assert [r["name"] for r in runs if r["strategy"] == "localsgd"] == ["strategy-localsgd", "strategy-localsgd-8learners",
+                                                                        "base-localsgd", "straggler2x-localsgd"]
     assert {r["part"] for r in runs if r["name"] == "base-adpsgd"} == {"batch", "stragglers"}
-    assert [r["engine"]["train_micro_batch_size_per_gpu"] for r in runs if r["part"] == "batch"] == [8, 32, 128] * 2
-    assert next(r for r in runs if r["name"] == "straggler4x-sync")["comm"] == {"debug": {"slowdown": {"1": 4.0}}}
+    # one global batch for part 1 at every learner count
+    assert {(r["learners"], r["engine"]["train_micro_batch_size_per_gpu"]) for r in runs
+            if r["part"] == "strategies"} == {(4, 8), (8, 4)}
+    assert [r["engine"]["train_micro_batch_size_per_gpu"] for r in runs if r["part"] == "batch"] == [4, 8, 16, 32,
+                                                                                                     64] * 2
+    assert next(r for r in runs if r["name"] == "straggler2x-sync")["comm"] == {"debug": {"slowdown": {"1": 2.0}}}
 
 
 @pytest.mark.slow
 def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
-    args = [f"exp={tmp_path / 'study'}", "utterances=64", "epochs=1", "learners=2", "nodes=2",
-            "batch_multipliers=[1,2]", "slowdowns=[2]", "localsgd_slowdowns=[2]",
+    args = [f"exp={tmp_path / 'study'}", "utterances=64", "epochs=1", "learners=2", "strategy_learners=[2]",
+            "nodes=2", "global_batch=16", "batch_sweep=[16,32]", "slowdowns=[2]", "localsgd_slowdowns=[2]",
             f"overrides=[{','.join(TINY_MODEL)}]"]
     assert main(args) == 0
     report = (tmp_path / "study" / "report.md").read_text()
     for title in ("## 1. Strategies", "## 2. Global batch", "## 3. Learner 1 slowed"):
         assert title in report
+    assert re.search(r"- SYNC: final CER against the 16-utterance batch's .*largest batch within 10%: (16|32)", report)
     parts = report.split("## 4. Time to target")
     assert parts[0].count("| SYNC |") == 1 + 2 + 1 and parts[0].count("| HYBRID |") == 1
     assert parts[0].count("| LOCALSGD |") == 1 + 1  # part 1 and its 2x straggler
@@ -52,6 +57,8 @@ def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [(["learners=3"], "must be at least 2 and split into nodes=2"),
+                                           (["strategy_learners=[6]"], "global_batch=32 does not split over 6"),
+                                           (["batch_sweep=[16,18]"], "batch_sweep [18] does not split"),
                                            (["epoch=3"], "epoch")])
 def test_bad_settings_are_refused_before_any_run(args, message, capsys):
     assert main(args) == 2

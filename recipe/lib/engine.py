@@ -77,7 +77,8 @@ def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_b
     conf = for_strategy(exp.conf, strategy.name)  # optim.batch_scaling=auto
     torch.manual_seed(conf.train.seed)
     model = exp.build_model(input_dim)
-    optimizer = make_optimizer(conf.optim, model.parameters(), learning_rate(conf.optim, global_batch, 1, 0.0, None))
+    lr = learning_rate(conf.optim, global_batch, 1, 0.0, None, strategy.replicas)
+    optimizer = make_optimizer(conf.optim, model.parameters(), lr)
     return build_engine(model, optimizer, engine_conf, strategy)
 
 

@@ -17,19 +17,28 @@ import math
 from dataclasses import dataclass
 
 
-def scaled_lr(optim, global_batch: int) -> float:
-    """Peak lr for a global batch: the batch-size scaling rule (linear: Goyal et al. 2017; sqrt: Krizhevsky 2014)."""
+def scaled_lr(optim, global_batch: int, replicas: int = 1) -> float:
+    """Peak lr for a global batch: the batch-size scaling rule (linear: Goyal et al. 2017; sqrt: Krizhevsky 2014;
+    sqrt_replicas: the square root of the batch times the model copies that step on their own, comm's
+    Strategy.replicas: each copy's Adam step is normalized by the statistics of its share of the batch alone,
+    `replicas` times noisier than the whole batch's, and so shorter by the square root; ACCURACY.md section 8)."""
     if optim.batch_scaling == "auto":
         raise ValueError("optim.batch_scaling=auto depends on the strategy: resolve it first "
                          "(recipe.lib.config.for_strategy)")
     ratio = global_batch / optim.base_batch
-    return optim.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[optim.batch_scaling]
+    return optim.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio),
+                       "sqrt_replicas": math.sqrt(ratio * replicas)}[optim.batch_scaling]
 
 
-def learning_rate(optim, global_batch: int, epoch: int, done: float, anneal_from: int | None) -> float:
+def learning_rate(optim, global_batch: int, epoch: int, done: float, anneal_from: int | None,
+                  replicas: int = 1) -> float:
     """The lr in epoch `epoch` (1-based) once the fraction `done` of it is trained (1.0: its last step, still
-    this epoch's rate); anneal_from: the first annealed epoch, None while the schedule has not annealed."""
-    lr = scaled_lr(optim, global_batch)
+    this epoch's rate); anneal_from: the first annealed epoch, None while the schedule has not annealed;
+    replicas: see scaled_lr."""
+    lr = scaled_lr(optim, global_batch, replicas)
+    if optim.warmup_epochs is None:
+        raise ValueError("optim.warmup_epochs=null depends on the strategy: resolve it first "
+                         "(recipe.lib.config.for_strategy)")
     progress = epoch - 1 + done  # epochs of global progress
     if progress < optim.warmup_epochs:
         lr *= progress / optim.warmup_epochs

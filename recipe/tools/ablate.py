@@ -1,7 +1,7 @@
 """Why ADPSGD trails SYNC beyond 2 learners: each hypothesis an arm, the same data, learners, epochs and seed.
 
     python -m recipe.tools.ablate [--work exp/ablate] [--learners 4] [--utterances 1500] [--epochs 4]
-                                  [--seeds 0] [--arms sync adpsgd ...]
+                                  [--seeds 0] [--micro-batch 8] [--arms sync adpsgd ...]
 
 Every arm trains recipe/train.py on the same subset of the built-in corpus for the same epochs (the fixed
 schedule) and prints its held-out greedy CER after every epoch and its final held-out loss, so an arm that
@@ -20,7 +20,8 @@ from recipe.tools.bench import prepare_subset, run_arm
 
 # name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm at the square-
 # root lr rule, the default before optim.batch_scaling=auto, unless its name says linear.
-SQRT = ["optim.batch_scaling=sqrt"]
+SQRT, LINEAR, REPLICAS = (["optim.batch_scaling=sqrt"], ["optim.batch_scaling=linear"],
+                          ["optim.batch_scaling=sqrt_replicas"])
 ARMS = {
     "sync": ("ds_configs/sync.json", {}, {}, SQRT),
     "adpsgd": ("ds_configs/adpsgd.json", {}, {}, SQRT),
@@ -30,18 +31,26 @@ ARMS = {
     "sync-noclip": ("ds_configs/sync.json", {}, {"gradient_clipping": 0.0}, SQRT),
     # Adam normalizes each learner's noisy small-batch gradient: averaging the normalized steps of 4 learners
     # moves the consensus less than one normalized step of their average gradient does
-    "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
-    "sync-linear-lr": ("ds_configs/sync.json", {}, {}, ["optim.batch_scaling=linear"]),  # the same lr for SYNC
+    "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, LINEAR),
+    "sync-linear-lr": ("ds_configs/sync.json", {}, {}, LINEAR),  # the same lr for SYNC
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
+    # at 8 learners the linear rule's rate (8x the base) is reached within 0.3 epochs = 14 updates: a longer ramp
+    "adpsgd-linear-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*LINEAR, "optim.warmup_epochs=1"]),
+    "adpsgd-linear-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, LINEAR),
+    # the square root of the batch times that of the learners: each learner's Adam step is normalized by the
+    # statistics of 1/learners of the batch (recipe/lib/schedule.py)
+    "adpsgd-sqrt-replicas": ("ds_configs/adpsgd.json", {}, {}, REPLICAS),
+    "adpsgd-sqrt-replicas-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
     "hybrid": ("ds_configs/hybrid.json", {}, {}, SQRT),
-    "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, ["optim.batch_scaling=linear"]),
+    "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, LINEAR),
+    "hybrid-sqrt-replicas-warmup1": ("ds_configs/hybrid.json", {}, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
     # torch's post-local SGD (periodic model averaging): learners also step on their own gradients between averages
     "localsgd": ("ds_configs/localsgd.json", {}, {}, SQRT),
-    "localsgd-linear-lr": ("ds_configs/localsgd.json", {}, {}, ["optim.batch_scaling=linear"]),
+    "localsgd-linear-lr": ("ds_configs/localsgd.json", {}, {}, LINEAR),
 }
-NODES = {"hybrid": 2, "hybrid-linear-lr": 2}  # emulated nodes of the arms that have more than one
+NODES = {name: 2 for name in ARMS if name.startswith("hybrid")}  # emulated nodes of the arms that have more than one
 
 
 def run(a) -> dict[str, list[dict]]:
@@ -53,8 +62,9 @@ def run(a) -> dict[str, list[dict]]:
             json_path, comm, engine, overrides = ARMS[name]
             run_name = f"{name}-seed{seed}"
             settings = [*subset, *a.overrides, *overrides, f"train.seed={seed}"]
+            micro = {"train_micro_batch_size_per_gpu": a.micro_batch} if a.micro_batch else {}
             m = run_arm(work, base, run_name, (json_path, comm), settings, a.learners, nodes=NODES.get(name, 1),
-                        engine=engine)
+                        engine={**engine, **micro})
             log = [json.loads(line) for line in (work / run_name / "train_log.jsonl").read_text().splitlines()]
             results.setdefault(name, []).append({"metrics": m, "log": log})
             curve = " ".join(f"{100 * r['cer']:5.1f}" for r in log)
@@ -80,6 +90,7 @@ def main(argv=None) -> int:
     p.add_argument("--utterances", type=int, default=1500)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--micro-batch", type=int, default=0, help="utterances per learner per step (0: the JSON's 8)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("overrides", nargs="*", help="recipe YAML overrides for every arm, e.g. model.stack=4")
     a = p.parse_args(argv)

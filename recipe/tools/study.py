@@ -1,13 +1,14 @@
 """The paper's experiments in one command: strategies, batch size, stragglers -> tables and plots.
 
-    python -m recipe.tools.study [key=value ...]        e.g.  utterances=3000 epochs=6 learners=8 nodes=4
+    python -m recipe.tools.study [key=value ...]        e.g.  utterances=1500 strategy_learners=[4] slowdowns=[1,2,4]
 
-With one seed and the same data (a subset of the built-in synthesized corpus, prepared once), on `learners`
-processes of this machine:
+With one seed and the same data (a subset of the built-in synthesized corpus, prepared once), the same epochs of
+the fixed schedule for every run, on this machine's processes:
   1. strategies: SYNC, ADPSGD, HYBRID (`nodes` emulated nodes, the inter-node link emulated as `link`) and
-     LOCALSGD (torch's periodic model averaging, post-local SGD) for the same number of epochs;
-  2. batch size: the global batch at each of `batch_multipliers` x the base (micro batch x learners), for
-     SYNC and ADPSGD; the learning rate follows the recipe YAML's scaling rule and warm-up;
+     LOCALSGD (torch's periodic model averaging, post-local SGD) at each of `strategy_learners`, the same
+     `global_batch` (the default, 4 and 8 learners, takes about 40 minutes on 2 cores);
+  2. batch size: each global batch of `batch_sweep` on `learners`, SYNC and ADPSGD, the learning rate by the
+     recipe YAML's scaling rule for the strategy; which batches stay within `tolerance` of the first's CER;
   3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD; by each of `localsgd_slowdowns`,
      LOCALSGD (its 1x run is part 3's own: it has no part 2).
 Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated, and
@@ -34,22 +35,23 @@ from recipe.train import no_learning
 @dataclass
 class StudyConf:
     exp: str = "exp/study"
-    utterances: int = 1500  # training utterances of the built-in corpus (the held-out set: 100)
-    epochs: int = 3
-    learners: int = 4
+    utterances: int = 3000  # training utterances of the built-in corpus (the held-out set: 100)
+    epochs: int = 4  # the fixed schedule, annealed over the second half: SYNC's 1x run converges (CER ~1%)
+    learners: int = 4  # parts 2 and 3
+    strategy_learners: list = field(default_factory=lambda: [4, 8])  # part 1 at each, the same global batch
     nodes: int = 2  # HYBRID's emulated nodes (learners must split into them)
     link_gbps: float = 1.0  # the emulated inter-node link of part 1 (comm/link.py)
     link_latency_ms: float = 0.5
-    batch_multipliers: list = field(default_factory=lambda: [1, 4, 16])
-    slowdowns: list = field(default_factory=lambda: [1, 2, 4])
+    global_batch: int = 32  # utterances per step over all learners, parts 1 and 3
+    # part 2's global batches (1x-16x the first); the lr follows the YAML's scaling rule for each strategy
+    batch_sweep: list = field(default_factory=lambda: [16, 32, 64, 128, 256])
+    tolerance: float = 0.1  # a batch is tolerated when its final CER is within this (relative) of the first's
+    slowdowns: list = field(default_factory=lambda: [1, 2])
     localsgd_slowdowns: list = field(default_factory=lambda: [1, 2])  # LOCALSGD's straggler runs: 1x and 2x
-    # LOCALSGD's synchronous start (its JSON's 100, torch's example, would be most of a study run's steps)
-    localsgd_warmup_steps: int = 10
+    # LOCALSGD's synchronous start: its JSON's and torch's example's 100 (a quarter of the default's 375 steps)
+    localsgd_warmup_steps: int = 100
     target_factor: float = 1.5  # the target: held-out CER <= this x SYNC's final CER (part 1), time to it per run
-    # Recipe YAML overrides for every run (a list given on the command line replaces this one). 4 stacked
-    # frames, annealing from epoch 4: at the recipe's default 2, CTC is still on its all-blank plateau after 3
-    # epochs of 1,500 utterances on 4 learners (CER 100% in every run; BENCHMARKS.md section 7).
-    overrides: list = field(default_factory=lambda: ["model.stack=4", "optim.anneal_start_epoch=4"])
+    overrides: list = field(default_factory=list)  # recipe YAML overrides for every run, e.g. [model.stack=4]
 
 
 STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid", "localsgd")}
@@ -58,21 +60,40 @@ STRATEGY_JSON = {s: f"ds_configs/{s}.json" for s in ("sync", "adpsgd", "hybrid",
 def plan(conf: StudyConf) -> list[dict]:
     """Every run of the study: name, part, strategy, comm and engine changes, learners, nodes."""
     link = {"link": {"bandwidth_gbps": conf.link_gbps, "latency_ms": conf.link_latency_ms}}
-    runs = [dict(name=f"strategy-{s}", part="strategies", strategy=s, comm=link, engine={},
-                 nodes=conf.nodes if s == "hybrid" else 1) for s in STRATEGY_JSON]
-    micro = json.loads(Path(STRATEGY_JSON["sync"]).read_text())["train_micro_batch_size_per_gpu"]
-    for s in ("sync", "adpsgd"):  # the 1x batch and the 1x slowdown are one run: base-<strategy>
-        runs += [dict(name=f"batch{m}x-{s}" if m != 1 else f"base-{s}", part="batch", strategy=s, comm={},
-                      engine={"train_micro_batch_size_per_gpu": micro * m}, nodes=1) for m in conf.batch_multipliers]
-        runs += stragglers(s, conf.slowdowns, micro)
-    return runs + stragglers("localsgd", conf.localsgd_slowdowns, micro)
+    runs = [dict(name=f"strategy-{s}" + ("" if n == conf.learners else f"-{n}learners"), part="strategies",
+                 strategy=s, comm=link, engine=micro_batch(conf.global_batch, n), learners=n,
+                 nodes=conf.nodes if s == "hybrid" else 1) for n in conf.strategy_learners for s in STRATEGY_JSON]
+    for s in ("sync", "adpsgd"):  # the batch of parts 1 and 3 is one run: base-<strategy>
+        runs += [dict(name=f"batch{b}-{s}" if b != conf.global_batch else f"base-{s}", part="batch", strategy=s,
+                      comm={}, engine=micro_batch(b, conf.learners), learners=conf.learners, nodes=1)
+                 for b in conf.batch_sweep]
+        runs += stragglers(s, conf.slowdowns, conf)
+    return runs + stragglers("localsgd", conf.localsgd_slowdowns, conf)
 
 
-def stragglers(strategy: str, slowdowns: list, micro: int) -> list[dict]:
+def micro_batch(global_batch: int, learners: int) -> dict:
+    return {"train_micro_batch_size_per_gpu": global_batch // learners}
+
+
+def stragglers(strategy: str, slowdowns: list, conf: StudyConf) -> list[dict]:
     """Part 3's runs of one strategy: learner 1 slowed by each factor (1x: the base run)."""
     return [dict(name=f"straggler{f:g}x-{strategy}" if f != 1 else f"base-{strategy}", part="stragglers",
-                 strategy=strategy, slowdown=f, engine={"train_micro_batch_size_per_gpu": micro}, nodes=1,
-                 comm={"debug": {"slowdown": {"1": float(f)}}} if f != 1 else {}) for f in slowdowns]
+                 strategy=strategy, slowdown=f, engine=micro_batch(conf.global_batch, conf.learners),
+                 learners=conf.learners, nodes=1, comm={"debug": {"slowdown": {"1": float(f)}}} if f != 1 else {})
+            for f in slowdowns]
+
+
+def bad_setting(conf: StudyConf) -> str | None:
+    """What is wrong with the study's sizes, before any run; None when nothing is."""
+    if not conf.strategy_learners:
+        return "strategy_learners is empty: part 1 needs at least one learner count"
+    for n in {conf.learners, *conf.strategy_learners}:
+        if n < 2 or n % conf.nodes:
+            return f"learners={n} must be at least 2 and split into nodes={conf.nodes}"
+        if conf.global_batch % n:
+            return f"global_batch={conf.global_batch} does not split over {n} learners"
+    bad = [b for b in conf.batch_sweep if b % conf.learners]
+    return f"batch_sweep {bad} does not split over learners={conf.learners}" if bad else None
 
 
 def run_study(conf: StudyConf) -> Path:
@@ -86,7 +107,7 @@ def run_study(conf: StudyConf) -> Path:
             comm = {**run["comm"], **({"warmup_steps": conf.localsgd_warmup_steps}
                                       if run["strategy"] == "localsgd" else {})}
             run_arm(root / "runs", base, run["name"], (STRATEGY_JSON[run["strategy"]], comm),
-                    [*subset, *conf.overrides], conf.learners, run["nodes"], run["engine"])
+                    [*subset, *conf.overrides], run["learners"], run["nodes"], run["engine"])
             print(f"study: {run['name']} done in {time.perf_counter() - t0:.0f} s", flush=True)
         metrics = json.loads(done.read_text())
         log = [json.loads(line) for line in (done.parent / "train_log.jsonl").read_text().splitlines()]
@@ -113,7 +134,7 @@ def bytes_sent(metrics: dict, log: list[dict], model_bytes: float) -> tuple[floa
 
 def write_report(root: Path, conf: StudyConf, results: dict) -> None:
     model_bytes = 4 * results[0]["metrics"]["params"]
-    lines = [f"# Study: {conf.learners} learners, {conf.utterances} utterances, {conf.epochs} epochs",
+    lines = [f"# Study: {conf.utterances} utterances, {conf.epochs} epochs",
              "", f"Written by `python -m recipe.tools.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
              f"`{json.dumps(OmegaConf.to_container(OmegaConf.structured(conf)))}`.", ""]
 
@@ -134,6 +155,7 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
                        f"{conf.link_gbps} Gbit/s, {conf.link_latency_ms} ms for every strategy)", "strategies", "run",
                        lambda r: r["name"])
     batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
+    batch_tolerance(lines, batch, conf.tolerance)
     straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
     time_to_target_table(lines, results, conf.target_factor)
 
@@ -153,14 +175,14 @@ def plot_study(root: Path, strategies: list[dict], batch: list[dict], straggle: 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in strategies:
         ax.plot([r["wall_s"] / 60 for r in run["log"]], [r["heldout_loss"] for r in run["log"]], "o-",
-                label=run["strategy"].upper())
-    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out loss", title="Strategies")
+                label=f"{run['strategy'].upper()} {run['learners']}")
+    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out loss", title="Strategies (learners)")
     save(fig, ax, root / "loss_vs_time.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in strategies:
         ax.plot([r["wall_s"] / 60 for r in run["log"]], [100 * r["cer"] for r in run["log"]], "o-",
-                label=run["strategy"].upper())
-    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out CER (%)", title="Strategies")
+                label=f"{run['strategy'].upper()} {run['learners']}")
+    ax.set(xlabel="training wall-clock time (min)", ylabel="held-out CER (%)", title="Strategies (learners)")
     save(fig, ax, root / "cer_vs_time.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in batch:  # the analogue of Zhang et al.'s (Interspeech 2019) Figure 1
@@ -184,6 +206,22 @@ def plot_study(root: Path, strategies: list[dict], batch: list[dict], straggle: 
     save(fig, ax, root / "throughput_vs_straggler.png")
 
 
+def batch_tolerance(lines: list[str], batch: list[dict], tolerance: float) -> None:
+    """Which global batches each strategy tolerates: final CER within `tolerance` (relative) of its smallest
+    batch's, and the largest such batch."""
+    for s in ("sync", "adpsgd"):
+        rs = sorted((r for r in batch if r["strategy"] == s), key=lambda r: r["metrics"]["global_batch"])
+        if not rs:
+            continue
+        first = rs[0]["metrics"]["cer"]
+        ratios = [(r["metrics"]["global_batch"], r["metrics"]["cer"] / max(first, 1e-9)) for r in rs]
+        largest = max(b for b, ratio in ratios if ratio <= 1 + tolerance)
+        each = ", ".join(f"{b}: {ratio:.2f}x" for b, ratio in ratios)
+        lines.append(f"- {s.upper()}: final CER against the {rs[0]['metrics']['global_batch']}-utterance batch's "
+                     f"({100 * first:.2f}%): {each}; **largest batch within {100 * tolerance:g}%: {largest}**")
+    lines.append("")
+
+
 def time_to_target(log: list[dict], target: float) -> tuple[int, float] | None:
     """-> (the first epoch whose held-out CER is at most target, the training wall time by then), or None."""
     return next(((r["epoch"], r["wall_s"]) for r in log if r["cer"] <= target), None)
@@ -191,19 +229,20 @@ def time_to_target(log: list[dict], target: float) -> tuple[int, float] | None:
 
 def time_to_target_table(lines: list[str], results: list[dict], factor: float) -> None:
     """Each run's time to the target CER (factor x SYNC's final CER in part 1), and which ones never learned."""
-    sync = next(r for r in results if r["name"] == "strategy-sync")["metrics"]["cer"]
+    first_sync = next(r for r in results if r["part"] == "strategies" and r["strategy"] == "sync")
+    sync = first_sync["metrics"]["cer"]
     target = factor * sync
-    lines.extend([f"## 4. Time to target: held-out CER <= {100 * target:.2f}% ({factor:g} x SYNC's final "
-                  f"{100 * sync:.2f}%)", "", "| run | strategy | global batch | epoch | training time (min) | "
-                  "status |", "|---|---|---|---|---|---|"])
-    for r in results:
+    lines.extend([f"## 4. Time to target: held-out CER <= {100 * target:.2f}% ({factor:g} x {first_sync['name']}'s "
+                  f"final {100 * sync:.2f}%)", "", "| run | strategy | learners | global batch | epoch | "
+                  "training time (min) | status |", "|---|---|---|---|---|---|---|"])
+    for r in {r["name"]: r for r in results}.values():  # a run in two parts, once
         reached = time_to_target(r["log"], target)
         stalled = no_learning(r["log"][-1], 0)
         status = "no learning: CER above 90% or blank output at the end" if stalled else \
             "reached" if reached else "not reached"
         epoch, minutes = (reached[0], f"{reached[1] / 60:.2f}") if reached else ("-", "-")
-        lines.append(f"| {r['name']} | {r['strategy'].upper()} | {r['metrics']['global_batch']} | {epoch} | "
-                     f"{minutes} | {status} |")
+        lines.append(f"| {r['name']} | {r['strategy'].upper()} | {r['learners']} | {r['metrics']['global_batch']} | "
+                     f"{epoch} | {minutes} | {status} |")
     lines.append("")
 
 
@@ -229,9 +268,8 @@ def main(argv=None) -> int:
     except OmegaConfBaseException as err:
         print(f"recipe.tools.study: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    if conf.learners % conf.nodes or conf.learners < 2:
-        print(f"recipe.tools.study: learners={conf.learners} must be at least 2 and split into nodes={conf.nodes}",
-              file=sys.stderr)
+    if bad := bad_setting(conf):
+        print(f"recipe.tools.study: {bad}", file=sys.stderr)
         return 2
     print(f"study report: {run_study(conf)}")
     return 0
