@@ -18,10 +18,12 @@ from pathlib import Path
 
 from recipe.tools.bench import prepare_subset, run_arm
 
-# name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm at the square-
-# root lr rule, the default before optim.batch_scaling=auto, unless its name says linear.
-SQRT, LINEAR, REPLICAS = (["optim.batch_scaling=sqrt"], ["optim.batch_scaling=linear"],
-                          ["optim.batch_scaling=sqrt_replicas"])
+# name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm pins its lr
+# rule and warm-up: the square root and 0.3 epochs, the defaults before they were chosen by strategy, unless its
+# name says otherwise (later overrides win).
+SHORT_WARMUP = "optim.warmup_epochs=0.3"
+SQRT, LINEAR, REPLICAS = (["optim.batch_scaling=sqrt", SHORT_WARMUP], ["optim.batch_scaling=linear", SHORT_WARMUP],
+                          ["optim.batch_scaling=sqrt_replicas", SHORT_WARMUP])
 ARMS = {
     "sync": ("ds_configs/sync.json", {}, {}, SQRT),
     "adpsgd": ("ds_configs/adpsgd.json", {}, {}, SQRT),
@@ -33,6 +35,7 @@ ARMS = {
     # moves the consensus less than one normalized step of their average gradient does
     "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, LINEAR),
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, LINEAR),  # the same lr for SYNC
+    "sync-warmup1": ("ds_configs/sync.json", {}, {}, [*SQRT, "optim.warmup_epochs=1"]),  # gossip's warm-up
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
     # at 8 learners the linear rule's rate (8x the base) is reached within 0.3 epochs = 14 updates: a longer ramp
