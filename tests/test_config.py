@@ -101,28 +101,22 @@ def test_learning_rate_schedule():
     assert fixed_anneal_start(load_config(None, ["optim.anneal_start_epoch=6"]).optim, 30) == 6
 
 
-def test_batch_scaling_and_warm_up_are_resolved_by_the_strategy():
-    conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16"])
-    assert conf.optim.batch_scaling == "auto" and conf.optim.warmup_epochs is None  # the defaults
+def test_batch_scaling_auto_is_resolved_by_the_strategy():
+    conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16", "optim.warmup_epochs=0"])
+    assert conf.optim.batch_scaling == "auto"  # the default
     with pytest.raises(ValueError, match="depends on the strategy"):  # never silently one of the rules
-        learning_rate(conf.optim, 64, 2, 0.5, None)
+        learning_rate(conf.optim, 64, 1, 0.5, None)
     for averaged in ("sync", "localsgd"):
-        optim = for_strategy(conf, averaged).optim
-        assert optim.warmup_epochs == 0.3
-        assert learning_rate(optim, 64, 2, 0.5, None) == pytest.approx(0.2)  # sqrt(4)
-    for gossip in ("adpsgd", "hybrid"):
-        optim = for_strategy(conf, gossip).optim
-        assert optim.warmup_epochs == 1.0
-        assert learning_rate(optim, 64, 2, 0.5, None, replicas=4) == pytest.approx(0.4)  # sqrt(4 x 4)
-        assert learning_rate(optim, 64, 1, 0.5, None, replicas=4) == pytest.approx(0.2)  # half way up
-    assert conf.optim.batch_scaling == "auto" and conf.optim.warmup_epochs is None  # resolved in a copy
+        assert learning_rate(for_strategy(conf, averaged).optim, 64, 1, 0.5, None, replicas=4) == pytest.approx(0.2)
+    for gossip in ("adpsgd", "hybrid"):  # sqrt(4 x 4)
+        assert learning_rate(for_strategy(conf, gossip).optim, 64, 1, 0.5, None, replicas=4) == pytest.approx(0.4)
+    assert conf.optim.batch_scaling == "auto"  # resolved in a copy
     from comm import STRATEGIES
-    from recipe.lib.config import AUTO_OPTIM
+    from recipe.lib.config import AUTO_BATCH_SCALING
 
-    assert set(AUTO_OPTIM) == set(STRATEGIES)  # a new strategy needs its rule decided
-    given = load_config(None, ["optim.batch_scaling=sqrt", "optim.warmup_epochs=0.5"])
-    assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # what the user names wins
-    assert for_strategy(given, "adpsgd").optim.warmup_epochs == 0.5
+    assert set(AUTO_BATCH_SCALING) == set(STRATEGIES)  # a new strategy needs its rule decided
+    given = load_config(None, ["optim.batch_scaling=sqrt"])
+    assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # a rule the user names wins
 
 
 def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_no_longer_helps():

@@ -110,26 +110,21 @@ def resolve_augment(cfg: DictConfig) -> None:
             cfg.augment[key] = value
 
 
-# What optim.batch_scaling=auto and an unset optim.warmup_epochs become, by strategy, as measured in ACCURACY.md
-# section 8. Under gossip every learner (HYBRID: node) steps on its own gradients, and the average of their Adam
-# steps, each normalized by the noisier statistics of its share of the batch, moves the consensus less than
-# SYNC's step on the whole batch does: sqrt_replicas restores it, and a warm-up of a whole epoch keeps the
-# replicas' first, noisiest Adam steps from pulling them apart (both at once brought ADPSGD at 8 learners from
-# 4.8x to 1.2x SYNC's CER). SYNC keeps the square root and the short warm-up it was tuned with, and so does
-# LOCALSGD, whose learners average every 4 steps after a synchronous start (the linear rule measured worse).
-AUTO_OPTIM = {"sync": ("sqrt", 0.3), "localsgd": ("sqrt", 0.3), "adpsgd": ("sqrt_replicas", 1.0),
-              "hybrid": ("sqrt_replicas", 1.0)}
+# What optim.batch_scaling=auto becomes, by strategy, as measured in ACCURACY.md section 8. Under gossip every
+# learner (HYBRID: node) steps on its own gradients, and the average of their Adam steps, each normalized by
+# the noisier statistics of its share of the batch, moves the consensus less than SYNC's step on the whole
+# batch does: sqrt_replicas restores it. SYNC keeps the square root it was tuned with, and so does LOCALSGD,
+# whose learners average every 4 steps after a synchronous start (the linear rule measured worse for it).
+AUTO_BATCH_SCALING = {"sync": "sqrt", "localsgd": "sqrt", "adpsgd": "sqrt_replicas", "hybrid": "sqrt_replicas"}
 
 
 def for_strategy(cfg: DictConfig, strategy: str) -> DictConfig:
-    """The config with what depends on the strategy resolved: EXP/conf.yaml records the rule and warm-up used."""
-    scaling, warmup = AUTO_OPTIM[strategy]
+    """The config with what depends on the strategy resolved: EXP/conf.yaml records the rule that was used."""
+    if cfg.optim.batch_scaling != "auto":
+        return cfg
     cfg = copy.deepcopy(cfg)
     OmegaConf.set_readonly(cfg, False)
-    if cfg.optim.batch_scaling == "auto":
-        cfg.optim.batch_scaling = scaling
-    if cfg.optim.warmup_epochs is None:
-        cfg.optim.warmup_epochs = warmup
+    cfg.optim.batch_scaling = AUTO_BATCH_SCALING[strategy]
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -158,10 +153,11 @@ class OptimConf:
     base_batch: int = 16  # global batch that lr refers to
     # none | linear | sqrt: lr scaled by (global_batch / base_batch)**p; sqrt_replicas: the square root of that
     # ratio times the model copies stepping on their own (recipe/lib/schedule.py); auto: by the strategy
-    # (AUTO_OPTIM)
+    # (AUTO_BATCH_SCALING)
     batch_scaling: str = "auto"
-    # linear warm-up from 0 over this many epochs of global progress; null: by the strategy (AUTO_OPTIM)
-    warmup_epochs: Optional[float] = None
+    # linear warm-up from 0 over this many epochs of global progress (1: 0.3 left 4 learners, every strategy, at
+    # 2-3x the CER after 4 epochs; ACCURACY.md section 8)
+    warmup_epochs: float = 1.0
     anneal_factor: float = 0.7071067811865476  # lr *= this every annealed epoch (1/sqrt(2), as in the paper)
     # when annealing starts and training ends (recipe/lib/schedule.py): fixed: the planned epochs (train.epochs,
     # train.min_updates), annealed over their second half; newbob: the peak lr while the held-out loss improves,

@@ -36,9 +36,6 @@ def learning_rate(optim, global_batch: int, epoch: int, done: float, anneal_from
     this epoch's rate); anneal_from: the first annealed epoch, None while the schedule has not annealed;
     replicas: see scaled_lr."""
     lr = scaled_lr(optim, global_batch, replicas)
-    if optim.warmup_epochs is None:
-        raise ValueError("optim.warmup_epochs=null depends on the strategy: resolve it first "
-                         "(recipe.lib.config.for_strategy)")
     progress = epoch - 1 + done  # epochs of global progress
     if progress < optim.warmup_epochs:
         lr *= progress / optim.warmup_epochs
