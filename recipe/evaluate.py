@@ -142,6 +142,15 @@ def rates(totals: dict) -> dict[str, float]:
             "empty_output": totals["empty_hyps"] / max(totals["utterances"], 1)}
 
 
+def lm_used(conf) -> str | None:
+    """The beam search's LM as scores.json records it (decode.lm_order does not apply once lm_arpa is given)."""
+    if not conf.beam:
+        return None
+    if conf.lm_arpa:
+        return str(conf.lm_arpa)
+    return f"{conf.lm_order}-gram of the training transcripts (lm.arpa)" if conf.lm_order else None
+
+
 def beam_decoder(conf, train_text: Path, out: Path, tokens: list[str]) -> Callable | None:
     """The configured beam search (None: greedy) over the tokens; its LM: the user's ARPA file, or one trained on
     the training transcripts and saved as ARPA."""
@@ -229,7 +238,7 @@ def decode_heldout(model: torch.nn.Module, data: CTCDataset, batches: list[list[
     errs.txt of the configured decoder into out -> its scores, with greedy's beside them."""
     totals, decoded = evaluate(model, data, batches, exp.tokens, on_batch=advancer(bar, "greedy", batches))
     result = {"utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
-              "decode": OmegaConf.to_container(conf)}
+              "decode": OmegaConf.to_container(conf), "lm": lm_used(conf)}
     beam = beam_decoder(conf, exp.data_dir("train") / "text", out, exp.tokens)
     if beam is not None:
         t0 = time.perf_counter()

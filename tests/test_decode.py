@@ -272,6 +272,11 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
     assert lm.score([], "dog") == pytest.approx((-0.3 - 2.0) * math.log(10))  # unknown: backoff(<s>) + p(<unk>)
     assert not (tmp_path / "out" / "lm.arpa").exists()  # nothing trained
+    from recipe.evaluate import lm_used
+
+    assert lm_used(conf) == str(tmp_path / "lm.arpa")  # what scores.json records, not decode.lm_order's 3
+    assert lm_used(load_config(None, []).decode) == "3-gram of the training transcripts (lm.arpa)"
+    assert lm_used(load_config(None, ["decode.beam=0", "decode.lm_order=0"]).decode) is None  # greedy: no LM
     with pytest.raises(ConfigError, match="decode.lm_arpa: .*nowhere.arpa: no such file"):
         load_config(None, [f"decode.lm_arpa={tmp_path / 'nowhere.arpa'}"])
     (tmp_path / "closed.arpa").write_text(ARPA.replace("-2.0 <unk>\n", "").replace("ngram 1=5", "ngram 1=4"))

@@ -19,8 +19,8 @@ from pathlib import Path
 from recipe.tools.bench import prepare_subset, run_arm
 
 # name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm pins its lr
-# rule and warm-up: the square root and 0.3 epochs, the defaults before they were chosen by strategy, unless its
-# name says otherwise (later overrides win).
+# rule and warm-up, the square root and 0.3 epochs (the defaults until stop 18) unless its name says otherwise
+# (a later override wins), so that an arm means what it meant when it was measured.
 SHORT_WARMUP = "optim.warmup_epochs=0.3"
 SQRT, LINEAR, REPLICAS = (["optim.batch_scaling=sqrt", SHORT_WARMUP], ["optim.batch_scaling=linear", SHORT_WARMUP],
                           ["optim.batch_scaling=sqrt_replicas", SHORT_WARMUP])
@@ -35,14 +35,14 @@ ARMS = {
     # moves the consensus less than one normalized step of their average gradient does
     "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, LINEAR),
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, LINEAR),  # the same lr for SYNC
-    "sync-warmup1": ("ds_configs/sync.json", {}, {}, [*SQRT, "optim.warmup_epochs=1"]),  # gossip's warm-up
+    "sync-warmup1": ("ds_configs/sync.json", {}, {}, [*SQRT, "optim.warmup_epochs=1"]),  # SYNC's defaults now
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
     # at 8 learners the linear rule's rate (8x the base) is reached within 0.3 epochs = 14 updates: a longer ramp
     "adpsgd-linear-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*LINEAR, "optim.warmup_epochs=1"]),
     "adpsgd-linear-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, LINEAR),
     # the square root of the batch times that of the learners: each learner's Adam step is normalized by the
-    # statistics of 1/learners of the batch (recipe/lib/schedule.py)
+    # statistics of 1/learners of the batch (recipe/lib/schedule.py); with the warm-up of 1: ADPSGD's defaults now
     "adpsgd-sqrt-replicas": ("ds_configs/adpsgd.json", {}, {}, REPLICAS),
     "adpsgd-sqrt-replicas-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
