@@ -109,6 +109,14 @@ class Strategy:
         total = self.members.reduce(torch.tensor([self.boundary_bytes], dtype=torch.float64))
         return {"boundary_bytes_emulated_link": total.item()}
 
+    def state_dict(self) -> dict:
+        """What --resume restores besides the weights and the optimizer: counters that decide when to
+        communicate (saved by learner 0, the same on every learner where it matters)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """After attach(), from a checkpoint's state_dict()."""
+
     def consensus(self, engine) -> nn.Module:
         """The model to evaluate and checkpoint: the same on every learner."""
         return engine.module

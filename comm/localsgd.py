@@ -165,6 +165,18 @@ class LocalSGDStrategy(Strategy):
         raise FloatingPointError(f"learner(s) {bad} hold non-finite weights {when}: their average would be too; "
                                  f"lower optim.lr")
 
+    def state_dict(self) -> dict:
+        """The averager's step count (when the warm-up ends and the next average falls) and the counters of the
+        training log: a resumed run averages where the uninterrupted one would have."""
+        return {"step": self.averager.step, "averages": self.averages, "grad_allreduces": self.grad_allreduces,
+                "averaging_s": self.averaging_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.averager.step = state["step"]
+            self.averages, self.grad_allreduces = state["averages"], state["grad_allreduces"]
+            self.averaging_s = state["averaging_s"]
+
     def end_epoch(self, engine) -> dict:
         """Average the weights once more (in float64), so that every learner holds the same model; -> the
         consensus distance before it (RMS over learners of ||w_i - mean|| / ||mean||, as ADPSGD logs it) and

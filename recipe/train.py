@@ -187,12 +187,13 @@ class Trainer:
         """A checkpoint: the consensus model, this learner's optimizer, the TrainState."""
         return {"model": self.strategy.consensus(self.engine).state_dict(),
                 "optimizer": self.engine.optimizer.state_dict(), "epoch": self.state.epoch,
-                "train_state": self.state.state_dict()}
+                "train_state": self.state.state_dict(), "strategy": self.strategy.state_dict()}
 
     def load_state_dict(self, checkpoint: dict) -> None:
         self.engine.module.load_state_dict(checkpoint["model"])
         self.engine.optimizer.load_state_dict(checkpoint["optimizer"])
         self.state.load_state_dict(checkpoint["train_state"])
+        self.strategy.load_state_dict(checkpoint.get("strategy", {}))  # absent from checkpoints before stop 18
 
     def resume(self) -> None:
         """--resume: learner 0 reads its latest checkpoint and sends it to all, so that no learner depends on a

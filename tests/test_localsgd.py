@@ -121,6 +121,16 @@ def test_localsgd_trains_through_the_recipe(tiny_exp, tmp_path):
         assert (record["consensus_distance"] == 0) == averaged[-1], record  # apart unless the last step averaged
     assert log[-1]["train_loss"] < log[0]["train_loss"]
     assert out[0]["strategy"] == "localsgd" and out[0]["averaging_rounds"] == averages
+    resumed = tmp_path / "resumed"  # one epoch, then --resume: the averager goes on counting where it stopped
+    shutil.copytree(tiny_exp, resumed)
+    for extra in (["train.epochs=1"], ["train.epochs=2", "--resume"]):
+        run_learners(train_learner, 2, ["--exp", str(resumed), "--ds-config", str(tmp_path / "ds.json"), *TINY,
+                                        *extra])
+
+    def schedule(records):  # what the averager did, epoch by epoch
+        return [(r["averaging_rounds"], r["averaging_grad_allreduces"], r["consensus_distance"] == 0) for r in records]
+
+    assert schedule(train_log(resumed)) == schedule(log)
 
 
 def test_the_emulated_link_counts_one_ring_allreduce_per_sync_step_and_per_localsgd_average():
