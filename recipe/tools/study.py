@@ -6,7 +6,7 @@ With one seed and the same data (a subset of the built-in synthesized corpus, pr
 the fixed schedule for every run, on this machine's processes:
   1. strategies: SYNC, ADPSGD, HYBRID (`nodes` emulated nodes, the inter-node link emulated as `link`) and
      LOCALSGD (torch's periodic model averaging, post-local SGD) at each of `strategy_learners`, the same
-     `global_batch` (the default, 4 and 8 learners, takes about 40 minutes on 2 cores);
+     `global_batch` (the default, 4 and 8 learners, took 48 minutes on 2 cores: BENCHMARKS.md section 7);
   2. batch size: each global batch of `batch_sweep` on `learners`, SYNC and ADPSGD, the learning rate by the
      recipe YAML's scaling rule for the strategy; which batches stay within `tolerance` of the first's CER;
   3. stragglers: learner 1 slowed by each of `slowdowns`, SYNC and ADPSGD; by each of `localsgd_slowdowns`,
@@ -36,7 +36,7 @@ from recipe.train import no_learning
 class StudyConf:
     exp: str = "exp/study"
     utterances: int = 3000  # training utterances of the built-in corpus (the held-out set: 100)
-    epochs: int = 4  # the fixed schedule, annealed over the second half: SYNC's 1x run converges (CER ~1%)
+    epochs: int = 4  # the fixed schedule, annealed over the second half: SYNC converges (CER 0.4%)
     learners: int = 4  # parts 2 and 3
     strategy_learners: list = field(default_factory=lambda: [4, 8])  # part 1 at each, the same global batch
     nodes: int = 2  # HYBRID's emulated nodes (learners must split into them)
