@@ -101,7 +101,7 @@ def test_learning_rate_schedule():
     assert fixed_anneal_start(load_config(None, ["optim.anneal_start_epoch=6"]).optim, 30) == 6
 
 
-def test_batch_scaling_auto_is_resolved_by_the_strategy():
+def test_batch_scaling_auto_is_resolved_by_the_optimizer_and_the_strategy():
     conf = load_config(None, ["optim.lr=0.1", "optim.base_batch=16", "optim.warmup_epochs=0"])
     assert conf.optim.batch_scaling == "auto"  # the default
     with pytest.raises(ValueError, match="depends on the strategy"):  # never silently one of the rules
@@ -115,6 +115,9 @@ def test_batch_scaling_auto_is_resolved_by_the_strategy():
     from recipe.lib.config import AUTO_BATCH_SCALING
 
     assert set(AUTO_BATCH_SCALING) == set(STRATEGIES)  # a new strategy needs its rule decided
+    sgd = load_config(None, ["optim.name=sgd", "optim.lr=0.1", "optim.base_batch=16", "optim.warmup_epochs=0"])
+    for strategy in STRATEGIES:  # SGD's steps are not normalized: the linear rule under every strategy
+        assert learning_rate(for_strategy(sgd, strategy).optim, 64, 1, 0.5, None, replicas=4) == pytest.approx(0.4)
     given = load_config(None, ["optim.batch_scaling=sqrt"])
     assert for_strategy(given, "adpsgd").optim.batch_scaling == "sqrt"  # a rule the user names wins
 
