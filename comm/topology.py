@@ -7,11 +7,17 @@ passive unit at offset shift(r) from it: each round is a perfect matching betwee
 rotates so that over a window every unit meets many distinct neighbours.
   ring:        shift(r) = r mod n                    (all n neighbours every n rounds)
   exponential: shift(r) = 2^(r mod log) - 1 mod n    (distances 0, 1, 3, 7, ...; mixes in O(log n) rounds)
+
+How well a schedule mixes (`disagreement_left`): with 4 units both average exactly every 2 rounds; with 8 the
+ring leaves 0.35 of the learners' disagreement after 4 rounds and 16 keep 0.79 of it, where the exponential
+pairings average 2^k units exactly in k rounds. Measured at 8 learners in ACCURACY.md section 8.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 SCHEDULES = ("ring", "exponential")
 
@@ -46,3 +52,14 @@ class PairingSchedule:
     def matching(self, round_: int) -> list[tuple[int, int]]:
         """(active, passive) pairs of a round."""
         return [(a, self.peer(a, round_)) for a in range(0, self.units, 2)]
+
+    def disagreement_left(self, rounds: int) -> float:
+        """The fraction of the units' disagreement (their deviation from the mean, in the worst direction) that
+        `rounds` rounds of pairwise averaging leave, with no steps in between: 0 = exact average."""
+        left = np.eye(self.units) - 1.0 / self.units
+        for r in range(rounds):
+            mix = np.eye(self.units)
+            for a, p in self.matching(r):
+                mix[[a, a, p, p], [a, p, a, p]] = 0.5
+            left = mix @ left
+        return float(np.linalg.norm(left, 2))

@@ -31,6 +31,16 @@ def test_learners_meet_several_distinct_neighbours(schedule):
     assert {ring.peer(0, r) for r in range(8)} == set(range(1, 16, 2))  # all of the other side
 
 
+def test_exponential_pairings_average_any_power_of_two_exactly_where_the_ring_does_not():
+    for k in (1, 2, 3, 4, 5):
+        units = 2 ** k
+        assert PairingSchedule(units, "exponential").disagreement_left(k) == pytest.approx(0, abs=1e-9)
+        assert PairingSchedule(units, "exponential").disagreement_left(k - 1) > 0.5  # and not sooner
+    assert PairingSchedule(4, "ring").disagreement_left(2) == pytest.approx(0, abs=1e-9)  # 4 units: the same
+    assert PairingSchedule(8, "ring").disagreement_left(4) == pytest.approx(0.354, abs=1e-3)
+    assert PairingSchedule(16, "ring").disagreement_left(8) > 0.5
+
+
 @pytest.mark.parametrize("units", [0, 1, 3, 5])
 def test_odd_counts_are_rejected_clearly(units):
     with pytest.raises(ValueError, match=f"even number of them, at least 2; got {units}"):

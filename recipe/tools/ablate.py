@@ -45,6 +45,10 @@ ARMS = {
     # statistics of 1/learners of the batch (recipe/lib/schedule.py); with the warm-up of 1: ADPSGD's defaults now
     "adpsgd-sqrt-replicas": ("ds_configs/adpsgd.json", {}, {}, REPLICAS),
     "adpsgd-sqrt-replicas-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
+    # the ring's pairings average 4 learners exactly every 2 rounds but 8 only by 0.7x a round; the exponential
+    # ones average 8 (and 16) exactly every 4 rounds (comm/topology.py)
+    "adpsgd-sqrt-replicas-warmup1-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {},
+                                                 [*REPLICAS, "optim.warmup_epochs=1"]),
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
     "hybrid": ("ds_configs/hybrid.json", {}, {}, SQRT),
     "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, LINEAR),
