@@ -20,3 +20,12 @@ def test_every_arm_builds_its_strategy_and_config(name):
     nodes = NODES.get(name, 1)
     build_strategy({**conf["comm"], **comm}, ProcessLayout(rank=0, world_size=4, local_size=4 // nodes, nodes=nodes))
     load_config(REPO / "recipe" / "conf" / "default.yaml", overrides)
+
+
+def test_mixing_reports_gossip_rounds_per_step_and_the_last_consensus_distance():
+    from recipe.tools.ablate import mixing
+
+    log = [{"learner_micro_steps": [90, 100], "gossip_rounds": 76, "consensus_distance": 0.02},
+           {"learner_micro_steps": [95, 95], "gossip_rounds": 152, "consensus_distance": 0.0062}]
+    assert mixing(log) == "  gossip rounds per step 0.80, consensus distance 0.0062"
+    assert mixing([{"learner_micro_steps": [93, 93]}]) == ""  # SYNC: nothing to say

@@ -76,8 +76,19 @@ def run(a) -> dict[str, list[dict]]:
             results.setdefault(name, []).append({"metrics": m, "log": log})
             curve = " ".join(f"{100 * r['cer']:5.1f}" for r in log)
             print(f"seed {seed} {name:>20}: greedy CER per epoch {curve} %  held-out loss {m['heldout_loss']:.3f}  "
-                  f"{m['wall_s'] / a.epochs:.0f} s/epoch", flush=True)
+                  f"{m['wall_s'] / a.epochs:.0f} s/epoch{mixing(log)}", flush=True)
     return results
+
+
+def mixing(log: list[dict]) -> str:
+    """How well gossip kept up (ADPSGD, HYBRID): rounds per learner micro step, and the consensus distance
+    before the last epoch's average. On shared cores the gossip thread falls behind the steps and the learners
+    drift further apart (ACCURACY.md section 8)."""
+    if "gossip_rounds" not in log[-1]:
+        return ""
+    steps = sum(statistics.mean(r["learner_micro_steps"]) for r in log)
+    return (f"  gossip rounds per step {log[-1]['gossip_rounds'] / steps:.2f}, "
+            f"consensus distance {log[-1]['consensus_distance']:.4f}")
 
 
 def summary(results: dict[str, list[dict]]) -> None:
