@@ -299,42 +299,56 @@ def validate(cfg: DictConfig) -> None:
     if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0 or cfg.data.train_utterances < 0:
         raise ConfigError(f"train.max_minutes={cfg.train.max_minutes} must be > 0 (or null) and "
                           f"data.train_utterances={cfg.data.train_utterances} >= 0")
-    if cfg.decode.beam < 0 or cfg.decode.lm_order < 0:
-        raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {cfg.decode.beam}, {cfg.decode.lm_order}")
-    has_lm = bool(cfg.decode.lm_order or cfg.decode.lm_arpa)
-    if cfg.decode.oov_penalty < 0 or (cfg.decode.oov_penalty and not has_lm):
-        raise ConfigError(f"decode.oov_penalty={cfg.decode.oov_penalty} must be >= 0 and needs the LM's vocabulary "
-                          f"(decode.lm_order > 0, got {cfg.decode.lm_order}, or decode.lm_arpa)")
-    if has_lm and not cfg.decode.beam:
-        raise ConfigError(f"decode.lm_order={cfg.decode.lm_order} / decode.lm_arpa={cfg.decode.lm_arpa} needs a beam "
+    _check_decode(cfg.decode)
+    _check_augment(cfg.augment, cfg.features.n_mels)
+    if cfg.train.objective == "ce":
+        _check_ce(cfg)
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+
+
+def _check_decode(decode: DictConfig) -> None:
+    """The beam search, its LM and the OOV penalty."""
+    if decode.beam < 0 or decode.lm_order < 0:
+        raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {decode.beam}, {decode.lm_order}")
+    has_lm = bool(decode.lm_order or decode.lm_arpa)
+    if decode.oov_penalty < 0 or (decode.oov_penalty and not has_lm):
+        raise ConfigError(f"decode.oov_penalty={decode.oov_penalty} must be >= 0 and needs the LM's vocabulary "
+                          f"(decode.lm_order > 0, got {decode.lm_order}, or decode.lm_arpa)")
+    if has_lm and not decode.beam:
+        raise ConfigError(f"decode.lm_order={decode.lm_order} / decode.lm_arpa={decode.lm_arpa} needs a beam "
                           "search: set decode.beam (e.g. 8)")
-    if cfg.decode.backend == "flashlight":
-        _check_flashlight(cfg.decode, has_lm)
-    if cfg.decode.lm_arpa and not Path(cfg.decode.lm_arpa).is_file():
-        raise ConfigError(f"decode.lm_arpa: {cfg.decode.lm_arpa}: no such file")
-    a = cfg.augment
+    if decode.backend == "flashlight":
+        _check_flashlight(decode, has_lm)
+    if decode.lm_arpa and not Path(decode.lm_arpa).is_file():
+        raise ConfigError(f"decode.lm_arpa: {decode.lm_arpa}: no such file")
+
+
+def _check_augment(a: DictConfig, n_mels: int) -> None:
+    """SpecAugment and speed perturbation."""
     if not a.speed_perturb or any(f <= 0 for f in a.speed_perturb) or len(set(a.speed_perturb)) < len(a.speed_perturb):
         raise ConfigError(f"augment.speed_perturb must be distinct factors > 0, got {list(a.speed_perturb)}")
-    if not 0 <= a.freq_mask_width <= cfg.features.n_mels:
-        raise ConfigError(f"augment.freq_mask_width must be in [0, features.n_mels={cfg.features.n_mels}], "
+    if not 0 <= a.freq_mask_width <= n_mels:
+        raise ConfigError(f"augment.freq_mask_width must be in [0, features.n_mels={n_mels}], "
                           f"got {a.freq_mask_width}")
     for key in ("freq_masks", "time_masks", "time_mask_width", "time_warp"):
         if a[key] < 0:
             raise ConfigError(f"augment.{key} must be >= 0, got {a[key]}")
     if not 0.0 <= a.time_mask_ratio <= 1.0:
         raise ConfigError(f"augment.time_mask_ratio must be in [0, 1], got {a.time_mask_ratio}")
-    if cfg.train.objective == "ce":
-        if cfg.model.stack != 1:
-            raise ConfigError(f"train.objective=ce scores every 10 ms frame: model.stack must be 1, got "
-                              f"{cfg.model.stack}")
-        if list(a.speed_perturb) != [1.0]:
-            raise ConfigError(f"train.objective=ce: alignments are of the original audio; augment.speed_perturb must "
-                              f"be [1.0], got {list(a.speed_perturb)}")
-        for key in ("chunk_frames", "states_per_phone"):
-            if cfg.data[key] < 1:
-                raise ConfigError(f"data.{key} must be >= 1, got {cfg.data[key]}")
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+
+
+def _check_ce(cfg: DictConfig) -> None:
+    """The paper's frame CE objective: 10 ms frames, alignments of the original audio, chunks of states."""
+    if cfg.model.stack != 1:
+        raise ConfigError(f"train.objective=ce scores every 10 ms frame: model.stack must be 1, got "
+                          f"{cfg.model.stack}")
+    if list(cfg.augment.speed_perturb) != [1.0]:
+        raise ConfigError(f"train.objective=ce: alignments are of the original audio; augment.speed_perturb must "
+                          f"be [1.0], got {list(cfg.augment.speed_perturb)}")
+    for key in ("chunk_frames", "states_per_phone"):
+        if cfg.data[key] < 1:
+            raise ConfigError(f"data.{key} must be >= 1, got {cfg.data[key]}")
 
 
 def _check_flashlight(decode: DictConfig, has_lm: bool) -> None:
