@@ -85,12 +85,27 @@ def test_hybrid_allreduces_in_the_node_and_broadcasts_each_merge():
     assert e.step_s == pytest.approx(0.35)
 
 
+def test_localsgd_waits_for_the_straggler_once_per_period_and_allreduces_once():
+    e = estimate("localsgd", two_learners(), WORK)
+    # 4 steps: max(4 x 0.1, 4 x 0.2) = 0.8 s, then the ring of the weights (0.1 s): 0.225 s per step
+    assert e.step_s == pytest.approx(0.9 / 4)
+    assert e.frames_per_s == pytest.approx(200 / 0.225)
+    assert e.rounds_per_step == 0.25
+    assert e.epoch_s == pytest.approx(2000 / (200 / 0.225) + 0.1)  # and one average at the epoch's end
+
+
 def test_jitter_slows_sync_by_the_expected_maximum_and_leaves_adpsgd_alone():
     calm = Cluster(learners=8, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S, inter=GBYTE_PER_S)
     noisy = Cluster(learners=8, per_node=1, frames_per_s=1000, intra=GBYTE_PER_S, inter=GBYTE_PER_S, jitter=0.3)
     sync_ratio = estimate("sync", noisy, WORK).step_s / estimate("sync", calm, WORK).step_s
     assert 1.1 < sync_ratio < 1.6  # E[max of 8 log-normals, sigma 0.3] is about 1.5 on the 0.1 s compute
     assert estimate("adpsgd", noisy, WORK).step_s == pytest.approx(estimate("adpsgd", calm, WORK).step_s, rel=0.02)
+    # LOCALSGD waits for the maximum over learners of 4 steps' sums, whose jitter is about half as large:
+    # the time jitter adds to a step is about half of SYNC's
+    def added(strategy: str) -> float:
+        return estimate(strategy, noisy, WORK).step_s - estimate(strategy, calm, WORK).step_s
+
+    assert 0.35 < added("localsgd") / added("sync") < 0.65, (added("localsgd"), added("sync"))
 
 
 def test_on_a_shared_host_the_gossip_exchange_takes_the_compute_cores():
@@ -127,7 +142,7 @@ def test_on_an_oversubscribed_host_uneven_steps_cost_sync_no_waiting():
 def test_bad_layouts_and_names_are_refused():
     with pytest.raises(ValueError, match="do not split into nodes"):
         Cluster(learners=6, per_node=4, frames_per_s=1, intra=GBYTE_PER_S, inter=GBYTE_PER_S)
-    with pytest.raises(ValueError, match="valid: sync, adpsgd, hybrid"):
+    with pytest.raises(ValueError, match="valid: sync, adpsgd, hybrid, localsgd"):
         estimate("asgd", two_learners(), WORK)
     with pytest.raises(ValueError, match="at least 2 nodes"):
         estimate("hybrid", two_learners(per_node=2), WORK)

@@ -1,4 +1,4 @@
-"""A scaling model of the three strategies: step and epoch time from compute, link and straggler figures.
+"""A scaling model of the strategies (and LOCALSGD, torch's periodic averaging): step and epoch time from compute, link and straggler figures.
 
 This machine has 2 cores; the paper used 16 to 64 GPUs. The model says what the strategies' costs add up to
 at any size, from figures a user can measure or look up:
@@ -16,6 +16,10 @@ at any size, from figures a user can measure or look up:
   HYBRID      node step = E[max over the node's learners of t_c] + ring(M, G, intra-node link)
               + merge + the leader's broadcast of the delta to the node when a round completed; nodes gossip
               like ADPSGD learners over the inter-node link
+  LOCALSGD    learners step alone and allreduce the weights every `average_period` steps, which every learner
+              waits for: step = (E[max over learners of the sum of their t_c over the period] + ring(M, W)) /
+              average_period. The slowest learner still sets the pace, but a step's jitter averages out over
+              the period, and the ring is paid once per period (the synchronous warm-up steps are left out)
   epoch       frames per epoch / aggregate frames/s; ADPSGD and HYBRID add one consensus allreduce
 
 Stragglers: learner i's compute time is t_c x slow_i x a per-step factor drawn from a log-normal of mean 1
@@ -45,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-STRATEGIES = ("sync", "adpsgd", "hybrid")
+STRATEGIES = ("sync", "adpsgd", "hybrid", "localsgd")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Workload:
     epochs: int = 1
     bytes_per_param: int = 4  # on the wire
     period: int = 1  # gossip: optimizer steps between rounds
+    average_period: int = 4  # LOCALSGD: optimizer steps between weight averages (ds_configs/localsgd.json)
 
     @property
     def model_bytes(self) -> float:
@@ -161,6 +166,12 @@ def estimate(strategy: str, cluster: Cluster, work: Workload, samples: int = 400
         steps = compute + added
         rate = float((work.frames_per_step / steps).sum())
         step = float(steps.mean())
+    elif strategy == "localsgd":
+        h = work.average_period
+        per_step = np.repeat(factors, h, axis=0) if factors.shape[0] == 1 else factors  # no jitter: one row
+        periods = per_step[: per_step.shape[0] // h * h].reshape(-1, h, w).sum(axis=1)  # [periods, learners]
+        step = (float(periods.max(axis=1).mean()) + ring_allreduce_s(m, w, gossip_link)) / h
+        rate, rounds = w * work.frames_per_step / step, 1 / h
     else:
         if cluster.nodes < 2:
             raise ValueError("hybrid needs at least 2 nodes")
@@ -225,9 +236,9 @@ def paper_table() -> list[tuple[str, float, float]]:
 
 
 # The largest global batch (21-frame chunks) each strategy trains well with: IBM Research blog, Oct 2019
-# (SYNC up to 4,096, ADPSGD up to 12,288); HYBRID ASSUMED like ADPSGD. Past it, more learners mean smaller
-# per-learner batches, not more frames per step.
-GLOBAL_BATCH_LIMIT = {"sync": 4096, "adpsgd": 12288, "hybrid": 12288}
+# (SYNC up to 4,096, ADPSGD up to 12,288); HYBRID ASSUMED like ADPSGD, LOCALSGD like SYNC. Past it, more
+# learners mean smaller per-learner batches, not more frames per step.
+GLOBAL_BATCH_LIMIT = {"sync": 4096, "adpsgd": 12288, "hybrid": 12288, "localsgd": 4096}
 
 
 def per_learner_chunks(strategy: str, learners: int, base: int = 128) -> float:
