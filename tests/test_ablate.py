@@ -29,3 +29,14 @@ def test_mixing_reports_gossip_rounds_per_step_and_the_last_consensus_distance()
            {"learner_micro_steps": [95, 95], "gossip_rounds": 152, "consensus_distance": 0.0062}]
     assert mixing(log) == "  gossip rounds per step 0.80, consensus distance 0.0062"
     assert mixing([{"learner_micro_steps": [93, 93]}]) == ""  # SYNC: nothing to say
+
+
+def test_the_summary_compares_every_arm_with_the_first_sync_arm(capsys):
+    from recipe.tools.ablate import summary
+
+    def runs(*cers):
+        return [{"metrics": {"cer": c, "heldout_loss": 0.02}} for c in cers]
+
+    summary({"sync-warmup1": runs(0.004, 0.002), "adpsgd-sqrt-replicas-warmup1": runs(0.006, 0.003)})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[1:3] == ["0.30%", "1.00"] and lines[2].split()[1:3] == ["0.45%", "1.50"], lines
