@@ -191,6 +191,14 @@ class ADPSGDStrategy(Strategy):
             self.boundary_bytes = self.stats.boundary_bytes
             self._thread = None
 
+    def state_dict(self) -> dict:
+        """The rounds run so far (agreed by all learners at each epoch's end): a resumed run goes on with the
+        next round of the pairing schedule, as the uninterrupted one would have, and its log counts on."""
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = state.get("rounds", 0)  # absent from checkpoints before stop 24
+
     def end_epoch(self, engine) -> dict:
         """Stop gossip, average the weights over the learners still running; -> the consensus distance
         before averaging, and who was lost."""

@@ -111,6 +111,22 @@ def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
     assert out[0]["strategy"] == "adpsgd" and out[0]["gossip_rounds"] > 0
 
 
+def test_a_resumed_run_goes_on_with_the_next_gossip_round(tiny_exp, tmp_path):
+    """The round number picks the peer (comm/topology.py): a run resumed after epoch 1 starts the pairing
+    schedule where the uninterrupted run would be, not at round 0, and its log counts the rounds on."""
+    exp = tmp_path / "exp"
+    shutil.copytree(tiny_exp, exp)
+    argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / "adpsgd.json"), *TINY]
+    run_learners(train_learner, 2, [*argv, "train.epochs=1"])
+    first = train_log(exp)[0]["gossip_rounds"]
+    saved = torch.load(exp / "checkpoints" / "epoch-001.pt", map_location="cpu", weights_only=False)
+    assert first > 0 and saved["strategy"] == {"rounds": first}
+    out = run_learners(train_learner, 2, [*argv, "train.epochs=2", "--resume"])
+    log = train_log(exp)
+    assert [r["epoch"] for r in log] == [1, 2] and log[1]["gossip_rounds"] > first, log
+    assert out[0]["gossip_rounds"] == log[1]["gossip_rounds"]
+
+
 def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
     exp = tmp_path / "exp"
     out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config",
