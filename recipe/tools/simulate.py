@@ -1,4 +1,4 @@
-"""A scaling model of the strategies (and LOCALSGD, torch's periodic averaging): step and epoch time from compute, link and straggler figures.
+"""A scaling model of SYNC, ADPSGD, HYBRID and LOCALSGD: step and epoch time from compute, link and stragglers.
 
 This machine has 2 cores; the paper used 16 to 64 GPUs. The model says what the strategies' costs add up to
 at any size, from figures a user can measure or look up:
@@ -20,7 +20,7 @@ at any size, from figures a user can measure or look up:
               waits for: step = (E[max over learners of the sum of their t_c over the period] + ring(M, W)) /
               average_period. The slowest learner still sets the pace, but a step's jitter averages out over
               the period, and the ring is paid once per period (the synchronous warm-up steps are left out)
-  epoch       frames per epoch / aggregate frames/s; ADPSGD and HYBRID add one consensus allreduce
+  epoch       frames per epoch / aggregate frames/s; all but SYNC add one consensus allreduce
 
 Stragglers: learner i's compute time is t_c x slow_i x a per-step factor drawn from a log-normal of mean 1
 (jitter sigma: uneven batches, a noisy machine); E[max] is estimated by sampling with a fixed seed.
