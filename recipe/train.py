@@ -311,7 +311,7 @@ class Trainer:
             annealing = state.anneal_from
             learning = no_learning(history[-1], 0) is None
             plan = newbob([h["heldout_loss"] for h in history], state.anneal_from,
-                          fixed_anneal_start(optim, self.epochs) - 1, learning, optim)
+                          fixed_anneal_start(optim, self.epochs) - 1, learning, optim, planned=self.epochs)
             state.anneal_from, state.stop = plan.anneal_from, plan.stop
             if annealing is None and state.anneal_from is not None and self.is_main:
                 log.info("newbob: the held-out loss stopped improving; annealing from epoch %d", state.anneal_from)

@@ -174,7 +174,8 @@ class OptimConf:
     # newbob anneals after an epoch whose held-out loss is not this fraction below the best before it; 0.1:
     # the built-in corpus anneals at epoch 6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
     newbob_margin: float = 0.1
-    # training ends after this many annealed epochs in a row that gain less than a tenth of the margin ...
+    # training ends after this many annealed epochs in a row that gain less than a tenth of the margin on the best
+    # loss since annealing started (never before the planned epochs) ...
     newbob_patience: int = 2
     newbob_anneal_epochs: int = 6  # ... or after this many annealed epochs (lr down to 1/8 of the peak)
 

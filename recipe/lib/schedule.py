@@ -65,27 +65,33 @@ class Plan:
     stop: str | None  # why training ends after this epoch; None: it goes on
 
 
-def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning: bool, optim) -> Plan:
+def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning: bool, optim,
+           planned: int = 0) -> Plan:
     """After the epochs whose held-out losses are `losses` (the last one just trained). Annealing starts after
     the first epoch whose loss is not below (1 - optim.newbob_margin) x the best before it, once `earliest`
     epochs are done and the model is `learning` (off CTC's all-blank plateau, where the loss stalls before
     anything is learnt). Training ends after optim.newbob_patience annealed epochs in a row that do not improve
-    by a tenth of that margin (Kaldi's end threshold is a tenth of its start one: a single bad epoch of a noisy
-    small corpus, or a gain below the margin, does not end it), or after optim.newbob_anneal_epochs annealed
-    epochs (a loss that keeps falling by a margin of itself as it nears 0, on an easy corpus, would keep
-    training for little)."""
+    by a tenth of that margin on the best loss since the epoch that started annealing (Kaldi's end threshold is
+    a tenth of its start one: a single bad epoch of a noisy small corpus, or a gain below the margin, does not
+    end it; and a loss that jumped at the peak rate, as one unseen speaker's does, is not a bar that annealing
+    must clear before it counts as gaining), or after optim.newbob_anneal_epochs annealed epochs (a loss that
+    keeps falling by a margin of itself as it nears 0, on an easy corpus, would keep training for little); in
+    either case not before the `planned` epochs (train.epochs, train.min_updates)."""
     epoch = len(losses)
-    best_before = [min((x for x in losses[:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
     if anneal_from is None:
-        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * best_before[-1]:
+        best_before = min((x for x in losses[:-1] if math.isfinite(x)), default=math.inf)
+        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * best_before:
             return Plan(epoch + 1, None)
         return Plan(None, None)
-    gains = [loss < (1 - optim.newbob_margin / 10) * best for loss, best in zip(losses, best_before)]
-    annealed = gains[anneal_from - 1:]
-    stalled = len(annealed) - max((i + 1 for i, gain in enumerate(annealed) if gain), default=0)
+    since = anneal_from - 2  # the epoch that started annealing (0-based)
+    best = [min((x for x in losses[since:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
+    gains = [losses[i] < (1 - optim.newbob_margin / 10) * best[i] for i in range(anneal_from - 1, epoch)]
+    stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
+    if epoch < planned:
+        return Plan(anneal_from, None)
     if stalled >= optim.newbob_patience:
         return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} in the last "
                                  f"{stalled} annealed epochs")
-    if len(annealed) >= optim.newbob_anneal_epochs:
-        return Plan(anneal_from, f"{len(annealed)} annealed epochs (optim.newbob_anneal_epochs)")
+    if len(gains) >= optim.newbob_anneal_epochs:
+        return Plan(anneal_from, f"{len(gains)} annealed epochs (optim.newbob_anneal_epochs)")
     return Plan(anneal_from, None)
