@@ -65,6 +65,11 @@ class Plan:
     stop: str | None  # why training ends after this epoch; None: it goes on
 
 
+def _best(losses: list[float]) -> float:
+    """The lowest finite loss (a diverged epoch's is inf or nan), inf if none."""
+    return min((x for x in losses if math.isfinite(x)), default=math.inf)
+
+
 def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning: bool, optim,
            planned: int = 0) -> Plan:
     """After the epochs whose held-out losses are `losses` (the last one just trained). Annealing starts after
@@ -79,13 +84,11 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
     either case not before the `planned` epochs (train.epochs, train.min_updates)."""
     epoch = len(losses)
     if anneal_from is None:
-        best_before = min((x for x in losses[:-1] if math.isfinite(x)), default=math.inf)
-        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * best_before:
+        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * _best(losses[:-1]):
             return Plan(epoch + 1, None)
         return Plan(None, None)
     since = anneal_from - 2  # the epoch that started annealing (0-based)
-    best = [min((x for x in losses[since:i] if math.isfinite(x)), default=math.inf) for i in range(epoch)]
-    gains = [losses[i] < (1 - optim.newbob_margin / 10) * best[i] for i in range(anneal_from - 1, epoch)]
+    gains = [losses[i] < (1 - optim.newbob_margin / 10) * _best(losses[since:i]) for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
     if epoch < planned:
         return Plan(anneal_from, None)
