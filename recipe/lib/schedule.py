@@ -87,11 +87,11 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
         if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * _best(losses[:-1]):
             return Plan(epoch + 1, None)
         return Plan(None, None)
+    if epoch < planned:
+        return Plan(anneal_from, None)
     since = anneal_from - 2  # the epoch that started annealing (0-based)
     gains = [losses[i] < (1 - optim.newbob_margin / 10) * _best(losses[since:i]) for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
-    if epoch < planned:
-        return Plan(anneal_from, None)
     if stalled >= optim.newbob_patience:
         return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} in the last "
                                  f"{stalled} annealed epochs")
