@@ -128,19 +128,25 @@ def test_a_resumed_run_goes_on_with_the_next_gossip_round(tiny_exp, tmp_path):
 
 
 def test_adpsgd_end_to_end_through_the_launcher(tmp_path):
+    # micro-batches of 2: 12 steps per learner and epoch, so a learner that starts its epoch late (data loaders
+    # on a loaded machine) shifts the drift little; at 8 (3 steps, 1-3 rounds) it ranged 0.01-0.19 at epoch 1
+    ds = json.loads((REPO / "ds_configs" / "adpsgd.json").read_text())
+    ds["train_micro_batch_size_per_gpu"] = 2
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
     exp = tmp_path / "exp"
-    out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config",
-                     str(REPO / "ds_configs" / "adpsgd.json"), *TINY, "train.epochs=4")
+    out = run_recipe("--stage", "1", "--exp", str(exp), "--learners", "4", "--ds-config", str(tmp_path / "ds.json"),
+                     *TINY, "train.epochs=4")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = train_log(exp)
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
-    # the learners drift apart between consensus averages (they train on different batches), but gossip keeps
-    # them close: a few percent of the weights' norm at most. At the linear lr rule the first epoch (3 steps,
-    # 2 rounds here) measured up to 6.8% once, the later ones 0.5-1.7%
+    # the learners drift apart between consensus averages (they train on different batches); gossip keeps them
+    # close. Measured here (7 runs, 4 of them beside 2 busy processes): epochs 2-4 at 0.001-0.015, their mean
+    # 0.004-0.009; without gossip (comm.period beyond the epoch) 0.080, 0.038, 0.022, mean 0.047. Epoch 1 starts
+    # unevenly (0.010-0.052 with gossip, 0.093 without): checked only for being measured.
     distances = [r["consensus_distance"] for r in log]
-    assert all(r["gossip_rounds"] > 0 for r in log) and 0 < distances[0] < 0.1, log
-    assert all(0 < d < 0.05 for d in distances[1:]), distances
+    assert all(r["gossip_rounds"] > 0 for r in log) and all(0 < d < 0.2 for d in distances), log
+    assert max(distances[1:]) < 0.05 and sum(distances[1:]) / 3 < 0.02, distances
     # the consensus checkpoint decodes every held-out utterance (a tiny model after 4 short epochs is scored
     # but not asserted on: accuracy parity with SYNC is measured in BENCHMARKS.md)
     scores = json.loads((exp / "decode" / "scores.json").read_text())
