@@ -9,7 +9,7 @@ import pytest
 from comm import ProcessLayout, build_strategy
 from recipe.lib.config import load_config
 from recipe.tools.ablate import ARMS, NODES
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY
 
 
 @pytest.mark.parametrize("name", sorted(ARMS))
@@ -40,3 +40,16 @@ def test_the_summary_compares_every_arm_with_the_first_sync_arm(capsys):
     summary({"sync-warmup1": runs(0.004, 0.002), "adpsgd-sqrt-replicas-warmup1": runs(0.006, 0.003)})
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[1:3] == ["0.30%", "1.00"] and lines[2].split()[1:3] == ["0.45%", "1.50"], lines
+
+
+def test_gradient_noise_measures_a_learner_step_against_the_global_one(tiny_exp):
+    from recipe.lib.experiment import Experiment
+    from recipe.tools.gradient_noise import measure
+
+    exp = Experiment(tiny_exp, load_config(None, TINY))
+    alone = measure(exp, learners=1, micro=8, at=[0.5], probes=4)
+    assert alone[0]["factor"] == 1.0  # one share is the global batch
+    rows = measure(exp, learners=4, micro=2, at=[0, 1], probes=4)
+    assert [r["epochs"] for r in rows] == [0, 1]
+    for r in rows:  # a mean's square never exceeds the mean of the squares: the factor is at least 1
+        assert 1.0 <= r["factor"] < 4 and 1.0 <= r["median"] < 4 and r["noise_scale"] > 0, r
