@@ -28,7 +28,7 @@ import torch
 
 from recipe.lib.config import for_strategy, load_config
 from recipe.lib.dataset import BucketBatchSampler
-from recipe.lib.engine import batch_loss
+from recipe.lib.engine import batch_loss, make_optimizer
 from recipe.lib.experiment import Experiment
 from recipe.lib.schedule import learning_rate
 
@@ -52,12 +52,12 @@ def noise(model, dataset, shares: list[list[np.ndarray]], rng) -> dict:
         glob = glob + g.mean(0) ** 2  # E[g_nb^2]
     local, glob = local / len(shares), glob / len(shares)
     per_coordinate = (local / glob.clamp(min=1e-300)).sqrt()
-    if n == 1:
-        return {"factor": 1.0, "median": 1.0, "noise_scale": math.nan}
+    factors = {"factor": float((local.sum() / glob.sum()).sqrt()), "median": float(per_coordinate.median())}
+    if n == 1:  # one share is the global batch: no second batch size to tell noise from signal
+        return {**factors, "noise_scale": math.nan}
     trace = (local.sum() - glob.sum()) / (1 / b - 1 / (n * b))  # tr(s^2)
     signal = glob.sum() - trace / (n * b)  # |G|^2
-    return {"factor": float((local.sum() / glob.sum()).sqrt()), "median": float(per_coordinate.median()),
-            "noise_scale": float(trace / signal) if signal > 0 else math.inf}
+    return {**factors, "noise_scale": float(trace / signal) if signal > 0 else math.inf}
 
 
 def measure(exp: Experiment, learners: int, micro: int, at: list[float], probes: int = 24, seed: int = 0,
@@ -67,7 +67,7 @@ def measure(exp: Experiment, learners: int, micro: int, at: list[float], probes:
     torch.manual_seed(seed)
     dataset = exp.dataset("train")
     model = exp.build_model(dataset.dim)
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = make_optimizer(conf.optim, model.parameters(), lr=0.0)  # the recipe's, as SYNC would train
     sampler = BucketBatchSampler(dataset.lengths, micro, seed=seed)
     steps_per_epoch = len(sampler.epoch_batches(1)) // learners
     if steps_per_epoch < 1 or len(sampler.epoch_batches(0)) < probes * learners:
