@@ -178,6 +178,9 @@ class OptimConf:
     # loss since annealing started (never before the planned epochs) ...
     newbob_patience: int = 2
     newbob_anneal_epochs: int = 6  # ... or after this many annealed epochs (lr down to 1/8 of the peak)
+    # a held-out loss gain below this (nats a token or frame) is no gain for either test, whatever the margins: near
+    # a loss of 0 their fractions ask for gains no held-out set resolves (ACCURACY.md section 6)
+    newbob_min_gain: float = 0.001
 
 
 @dataclass
@@ -293,8 +296,10 @@ def validate(cfg: DictConfig) -> None:
     if not 1 <= cfg.decode.average_best <= cfg.train.keep_checkpoints:
         raise ConfigError(f"decode.average_best={cfg.decode.average_best} must be in [1, train.keep_checkpoints="
                           f"{cfg.train.keep_checkpoints}]: only that many checkpoints are kept")
-    if not 0 <= cfg.optim.newbob_margin < 1 or min(cfg.optim.newbob_patience, cfg.optim.newbob_anneal_epochs) < 1:
-        raise ConfigError(f"optim.newbob_margin={cfg.optim.newbob_margin} must be in [0, 1), and "
+    if not 0 <= cfg.optim.newbob_margin < 1 or min(cfg.optim.newbob_patience, cfg.optim.newbob_anneal_epochs) < 1 \
+            or not cfg.optim.newbob_min_gain >= 0:
+        raise ConfigError(f"optim.newbob_margin={cfg.optim.newbob_margin} must be in [0, 1), "
+                          f"optim.newbob_min_gain={cfg.optim.newbob_min_gain} >= 0, and "
                           f"optim.newbob_patience={cfg.optim.newbob_patience} and optim.newbob_anneal_epochs="
                           f"{cfg.optim.newbob_anneal_epochs} >= 1")
     if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0 or cfg.data.train_utterances < 0:

@@ -65,6 +65,15 @@ class Plan:
     stop: str | None  # why training ends after this epoch; None: it goes on
 
 
+def _gains(loss: float, best: float, margin: float, optim) -> bool:
+    """Whether `loss` is a gain on `best`: below it by the fraction `margin` of it and by optim.newbob_min_gain (nats
+    a token or frame; near 0, a fraction of the loss is a gain no held-out set resolves, and chasing it kept the
+    built-in corpus's runs going for 5 epochs at a CER that no longer moved: ACCURACY.md section 6)."""
+    if not math.isfinite(best):
+        return math.isfinite(loss)
+    return loss < best - max(margin * best, optim.newbob_min_gain)
+
+
 def _best(losses: list[float]) -> float:
     """The lowest finite loss (a diverged epoch's is inf or nan), inf if none."""
     return min((x for x in losses if math.isfinite(x)), default=math.inf)
@@ -81,20 +90,22 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
     end it; and a loss that jumped at the peak rate, as one unseen speaker's does, is not a bar that annealing
     must clear before it counts as gaining), or after optim.newbob_anneal_epochs annealed epochs (a loss that
     keeps falling by a margin of itself as it nears 0, on an easy corpus, would keep training for little); in
-    either case not before the `planned` epochs (train.epochs, train.min_updates)."""
+    either case not before the `planned` epochs (train.epochs, train.min_updates). Neither test counts a gain
+    below optim.newbob_min_gain (`_gains`)."""
     epoch = len(losses)
     if anneal_from is None:
-        if epoch >= earliest and learning and not losses[-1] < (1 - optim.newbob_margin) * _best(losses[:-1]):
+        if epoch >= earliest and learning and not _gains(losses[-1], _best(losses[:-1]), optim.newbob_margin, optim):
             return Plan(epoch + 1, None)
         return Plan(None, None)
     if epoch < planned:
         return Plan(anneal_from, None)
     since = anneal_from - 2  # the epoch that started annealing (0-based)
-    gains = [losses[i] < (1 - optim.newbob_margin / 10) * _best(losses[since:i]) for i in range(anneal_from - 1, epoch)]
+    gains = [_gains(losses[i], _best(losses[since:i]), optim.newbob_margin / 10, optim)
+             for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
     if stalled >= optim.newbob_patience:
-        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} in the last "
-                                 f"{stalled} annealed epochs")
+        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} (or "
+                                 f"{optim.newbob_min_gain:g}) in the last {stalled} annealed epochs")
     if len(gains) >= optim.newbob_anneal_epochs:
         return Plan(anneal_from, f"{len(gains)} annealed epochs (optim.newbob_anneal_epochs)")
     return Plan(anneal_from, None)
