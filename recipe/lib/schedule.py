@@ -65,13 +65,13 @@ class Plan:
     stop: str | None  # why training ends after this epoch; None: it goes on
 
 
-def _gains(loss: float, best: float, margin: float, optim) -> bool:
-    """Whether `loss` is a gain on `best`: below it by the fraction `margin` of it and by optim.newbob_min_gain (nats
-    a token or frame; near 0, a fraction of the loss is a gain no held-out set resolves, and chasing it kept the
-    built-in corpus's runs going for 5 epochs at a CER that no longer moved: ACCURACY.md section 6)."""
+def _gains(loss: float, best: float, margin: float, floor: float) -> bool:
+    """Whether `loss` is a gain on `best`: below it by the fraction `margin` of it and by `floor` (nats a token or
+    frame; near 0, a fraction of the loss is a gain no held-out set resolves, and chasing it kept the built-in
+    corpus's runs going for 3-5 epochs at a CER that no longer moved: ACCURACY.md section 6)."""
     if not math.isfinite(best):
         return math.isfinite(loss)
-    return loss < best - max(margin * best, optim.newbob_min_gain)
+    return loss < best - max(margin * best, floor)
 
 
 def _best(losses: list[float]) -> float:
@@ -94,13 +94,14 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
     below optim.newbob_min_gain (`_gains`)."""
     epoch = len(losses)
     if anneal_from is None:
-        if epoch >= earliest and learning and not _gains(losses[-1], _best(losses[:-1]), optim.newbob_margin, optim):
+        stalled = not _gains(losses[-1], _best(losses[:-1]), optim.newbob_margin, optim.newbob_min_gain)
+        if epoch >= earliest and learning and stalled:
             return Plan(epoch + 1, None)
         return Plan(None, None)
     if epoch < planned:
         return Plan(anneal_from, None)
     since = anneal_from - 2  # the epoch that started annealing (0-based)
-    gains = [_gains(losses[i], _best(losses[since:i]), optim.newbob_margin / 10, optim)
+    gains = [_gains(losses[i], _best(losses[since:i]), optim.newbob_margin / 10, optim.newbob_min_gain)
              for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
     if stalled >= optim.newbob_patience:
