@@ -105,8 +105,8 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
              for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
     if stalled >= optim.newbob_patience:
-        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} (or "
-                                 f"{optim.newbob_min_gain:g}) in the last {stalled} annealed epochs")
+        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} of its best "
+                                 f"or {optim.newbob_min_gain:g} in the last {stalled} annealed epochs")
     if len(gains) >= optim.newbob_anneal_epochs:
         return Plan(anneal_from, f"{len(gains)} annealed epochs (optim.newbob_anneal_epochs)")
     return Plan(anneal_from, None)
