@@ -33,6 +33,8 @@ def test_unknown_keys_and_values_are_errors(tmp_path):
         load_config(None, ["features.cmvn=speakr"])
     with pytest.raises(ConfigError, match="needs data.train_dir and data.test_dir"):
         load_config(None, ["data.corpus=kaldi"])
+    with pytest.raises(ConfigError, match=r"optim.newbob_min_gain=-0.1 >= 0"):
+        load_config(None, ["optim.newbob_min_gain=-0.1"])
 
 
 def test_every_shipped_config_loads():
