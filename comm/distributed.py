@@ -66,7 +66,8 @@ def shutdown_distributed() -> None:
     """After a run that ended well, on every learner: leave every process group while the interpreter is still
     whole. Left to the interpreter's exit, gloo's worker threads are torn down with it and a learner may abort
     with "terminate called without an active exception" (pytorch/pytorch#190489; it killed one run of ten here,
-    after its last checkpoint). After a failure the groups are left alone: destroying them while another learner
+    after its last checkpoint; with this alone, still one fresh-clone test run in two at stop 29, so recipe/train.py
+    then leaves with os._exit, skipping that teardown). After a failure the groups are left alone: destroying them while another learner
     still waits in a collective can hang (torchtitan calls it only after success, too)."""
     if dist.is_initialized():
         dist.destroy_process_group()
