@@ -67,8 +67,8 @@ def shutdown_distributed() -> None:
     whole. Left to the interpreter's exit, gloo's worker threads are torn down with it and a learner may abort
     with "terminate called without an active exception" (pytorch/pytorch#190489; it killed one run of ten here,
     after its last checkpoint; with this alone, still one fresh-clone test run in two at stop 29, so recipe/train.py
-    then leaves with os._exit, skipping that teardown). After a failure the groups are left alone: destroying them while another learner
-    still waits in a collective can hang (torchtitan calls it only after success, too)."""
+    then leaves with os._exit, skipping that teardown). After a failure the groups are left alone: destroying them
+    while another learner still waits in a collective can hang (torchtitan calls it only after success, too)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

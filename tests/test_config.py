@@ -128,11 +128,11 @@ def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_n
     optim = load_config(None, ["optim.newbob_margin=0.01", "optim.newbob_patience=2",
                                "optim.newbob_anneal_epochs=4"]).optim  # annealed epochs must gain 0.1%
 
-    def run(losses, earliest=2, learning=True):
-        """Replays the schedule's decisions epoch by epoch, as training makes them."""
+    def run(losses, earliest=2, learning=True, conf=None):
+        """Replays the schedule's decisions epoch by epoch, as training makes them (under `conf`, else `optim`)."""
         anneal_from = None
         for epoch in range(1, len(losses) + 1):
-            plan = newbob(losses[:epoch], anneal_from, earliest, learning, optim)
+            plan = newbob(losses[:epoch], anneal_from, earliest, learning, conf or optim)
             anneal_from = plan.anneal_from
             if plan.stop:
                 return anneal_from, epoch
@@ -159,14 +159,12 @@ def test_newbob_anneals_once_the_held_out_loss_stalls_and_stops_when_annealing_n
     # (ACCURACY.md section 6) ends after epoch 8; without it a gain of 1% of 0.0054 (0.00005) keeps it going
     builtin = [1.899, 0.0662, 0.0237, 0.00813, 0.0508, 0.00537, 0.00542, 0.00523]
     assert run(builtin) == (6, 8)
-    with_floor = optim
-    optim = load_config(None, ["optim.newbob_margin=0.1", "optim.newbob_patience=2", "optim.newbob_min_gain=0"]).optim
-    assert run(builtin) == (6, None)
+    floorless = load_config(None, ["optim.newbob_margin=0.1", "optim.newbob_patience=2",
+                                   "optim.newbob_min_gain=0"]).optim
+    assert run(builtin, conf=floorless) == (6, None)
     # FSDD's losses are a hundred times that floor: the same decisions with it and without it
     fsdd = [0.770, 0.412, 0.246, 0.178, 0.229, 0.250, 0.165, 0.160, 0.1599, 0.1598]
-    without = run(fsdd)
-    optim = with_floor
-    assert run(fsdd) == without == (6, 10)
+    assert run(fsdd) == run(fsdd, conf=floorless) == (6, 10)
 
 
 def test_newbob_does_not_end_a_run_whose_loss_jumped_at_the_peak_rate_and_is_falling_again():
