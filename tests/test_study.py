@@ -39,6 +39,10 @@ def test_a_tiny_study_writes_every_table_and_plot_and_resumes(tmp_path, capsys):
     for title in ("## 1. Strategies", "## 2. Global batch", "## 3. Learner 1 slowed"):
         assert title in report
     assert re.search(r"- SYNC: final CER against the 16-utterance batch's .*largest batch within 10%: (16|32)", report)
+    # 64 utterances, 1 epoch: 4 updates at a global batch of 16, 2 at 32; SYNC's square-root rule: sqrt(2) x the rate
+    lr16, lr32 = (float(re.search(rf"^\| {b} \| SYNC \| {n} \| (\S+) \|", report, re.M)[1])
+                  for b, n in ((16, 4), (32, 2)))
+    assert lr32 == pytest.approx(2 ** 0.5 * lr16, rel=5e-3)  # printed to 3 digits
     parts = report.split("## 4. Time to target")
     assert parts[0].count("| SYNC |") == 1 + 2 + 1 and parts[0].count("| HYBRID |") == 1
     assert parts[0].count("| LOCALSGD |") == 1 + 1  # part 1 and its 2x straggler

@@ -132,20 +132,30 @@ def bytes_sent(metrics: dict, log: list[dict], model_bytes: float) -> tuple[floa
     return gossip + allreduce, how
 
 
+def updates(run: dict) -> int:
+    """Optimizer updates of a run: learner 0's micro steps over the gradient accumulation steps."""
+    steps = sum(e["learner_micro_steps"][0] for e in run["log"])
+    return steps // run["metrics"]["gradient_accumulation_steps"]
+
+
 def write_report(root: Path, conf: StudyConf, results: dict) -> None:
     model_bytes = 4 * results[0]["metrics"]["params"]
     lines = [f"# Study: {conf.utterances} utterances, {conf.epochs} epochs",
              "", f"Written by `python -m recipe.tools.study` on {time.strftime('%Y-%m-%d %H:%M')}; settings: "
              f"`{json.dumps(OmegaConf.to_container(OmegaConf.structured(conf)))}`.", ""]
 
-    def table(title: str, part: str, first: str, first_value) -> list[dict]:
-        lines.extend([f"## {title}", "", f"| {first} | strategy | s/epoch | frames/s | held-out loss | CER % | WER % "
-                      "| MB sent by learner 0 per epoch |", "|---|---|---|---|---|---|---|---|"])
+    def table(title: str, part: str, first: str, first_value, extra: dict | None = None) -> list[dict]:
+        """One part's runs, a row each; `extra`: more columns after the strategy, header -> its value."""
+        extra = extra or {}
+        heads = "".join(f" {h} |" for h in extra)
+        lines.extend([f"## {title}", "", f"| {first} | strategy |{heads} s/epoch | frames/s | held-out loss | CER % "
+                      "| WER % | MB sent by learner 0 per epoch |", "|---" * (8 + len(extra)) + "|"])
         rows = [r for r in results if r["part"] == part]
         for r in rows:
             m, log = r["metrics"], r["log"]
             sent, how = bytes_sent(m, log, model_bytes)
-            lines.append(f"| {first_value(r)} | {r['strategy'].upper()} | {m['wall_s'] / len(log):.1f} | "
+            values = "".join(f" {value(r)} |" for value in extra.values())
+            lines.append(f"| {first_value(r)} | {r['strategy'].upper()} |{values} {m['wall_s'] / len(log):.1f} | "
                          f"{m['train_frames_per_s']:.0f} | {m['heldout_loss']:.3f} | {100 * m['cer']:.2f} | "
                          f"{100 * m['wer']:.2f} | {sent / 1e6:.1f} ({how}) |")
         lines.append("")
@@ -154,7 +164,9 @@ def write_report(root: Path, conf: StudyConf, results: dict) -> None:
     strategies = table(f"1. Strategies ({conf.nodes} emulated nodes for HYBRID; inter-node link emulated at "
                        f"{conf.link_gbps} Gbit/s, {conf.link_latency_ms} ms for every strategy)", "strategies", "run",
                        lambda r: r["name"])
-    batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"])
+    # at a fixed number of epochs a larger batch is fewer updates: the columns that say how many, at what rate
+    batch = table("2. Global batch", "batch", "global batch (utterances)", lambda r: r["metrics"]["global_batch"],
+                  {"updates (learner 0)": updates, "peak lr": lambda r: f"{max(e['lr'] for e in r['log']):.2e}"})
     batch_tolerance(lines, batch, conf.tolerance)
     straggle = table("3. Learner 1 slowed", "stragglers", "slowdown", lambda r: f"{r['slowdown']:g}x")
     time_to_target_table(lines, results, conf.target_factor)
