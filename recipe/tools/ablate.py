@@ -37,6 +37,8 @@ ARMS = {
     "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, LINEAR),
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, LINEAR),  # the same lr for SYNC
     "sync-warmup1": ("ds_configs/sync.json", {}, {}, [*SQRT, "optim.warmup_epochs=1"]),  # SYNC's defaults now
+    # a large batch at a fixed number of epochs is few updates: does SYNC want Goyal et al.'s linear rule there?
+    "sync-linear-warmup1": ("ds_configs/sync.json", {}, {}, [*LINEAR, "optim.warmup_epochs=1"]),
     "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
     "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
     # at 8 learners the linear rule's rate (8x the base) is reached within 0.3 epochs = 14 updates: a longer ramp
