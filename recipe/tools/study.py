@@ -14,8 +14,8 @@ the fixed schedule for every run, on this machine's processes:
 Writes EXP/report.md (time per epoch, aggregate frames/s, held-out loss, CER/WER, bytes communicated, part 2's
 updates and peak learning rate, and each run's time to a target CER: `target_factor` x SYNC's final CER; a run
 that ends without learning says so) and loss_vs_time.png, cer_vs_time.png, loss_vs_epoch.png (per global batch
-and strategy), cer_vs_batch.png, throughput_vs_straggler.png. Every run lives in EXP/runs/<name>; a run whose metrics.json exists is not run
-again, so an interrupted study resumes where it stopped.
+and strategy), cer_vs_batch.png, throughput_vs_straggler.png. Every run lives in EXP/runs/<name>; a run whose
+metrics.json exists is not run again, so an interrupted study resumes where it stopped.
 """
 
 from __future__ import annotations
