@@ -67,8 +67,13 @@ class ADPSGDStrategy(Strategy):
         "exchange_dtype": "fp32",  # fp32 | bf16 | fp16: bf16/fp16 halve the bytes on the wire
         "on_lost_learner": "continue",  # continue: the others go on without it | stop: the run stops, naming it
         "lost_after_s": 5.0,  # a learner whose heartbeat stands still this long is gone
+        # shared: the learners deal one shuffle of the epoch's batches out as each asks for the next (every
+        # utterance once an epoch, as under SYNC) | independent: each walks its own shuffle of all of them
+        # (about a third of the utterances unseen in an epoch, others seen twice)
+        "sampling": "independent",
     }
     ON_LOST_LEARNER = ("continue", "stop")
+    SAMPLING = ("shared", "independent")
 
     def __init__(self, layout, options, heartbeat=None, units: int | None = None):
         """units: what gossip pairs, the learners here (HYBRID: the nodes)."""
@@ -79,6 +84,8 @@ class ADPSGDStrategy(Strategy):
                              f"valid: {', '.join(EXCHANGE_DTYPES)}")
         if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
             raise ValueError(f"comm.period must be an integer >= 0, got {self.conf['period']!r}")
+        if self.conf["sampling"] not in self.SAMPLING:
+            raise ValueError(f"comm.sampling={self.conf['sampling']!r}; valid: {', '.join(self.SAMPLING)}")
         if self.conf["on_lost_learner"] not in self.ON_LOST_LEARNER:
             raise ValueError(f"comm.on_lost_learner={self.conf['on_lost_learner']!r}; "
                              f"valid: {', '.join(self.ON_LOST_LEARNER)}")
@@ -119,9 +126,12 @@ class ADPSGDStrategy(Strategy):
         self.weights.publish()
 
     def batches(self, sampler, epoch: int, accumulation: int) -> Iterator[tuple[np.ndarray, float]]:
-        """Every learner walks its own shuffle of ALL batches; the epoch ends once the learners together have
-        taken as many utterances as the training set has. The store's add() is an atomic global counter, so a
-        fast learner simply takes more batches than a slow one (DESIGN.md §9.9)."""
+        """The learners take batches as they are ready for them and the epoch ends once they together have
+        taken the training set: the store's add() is an atomic global counter, so a fast learner simply takes
+        more batches than a slow one (DESIGN.md §9.9). Which batches: comm.sampling."""
+        if self.conf["sampling"] == "shared":
+            yield from self._shared_batches(sampler, epoch)
+            return
         counter, total = store("batches/"), len(sampler.lengths)
         key = f"epoch-{epoch}-utterances"
         while True:
@@ -130,6 +140,13 @@ class ADPSGDStrategy(Strategy):
                 if taken - len(batch) >= total:
                     return
                 yield batch, min(1.0, taken / total)
+
+    def _shared_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
+        """The next batch of the epoch's one shuffle, the same list on every learner, by the global count."""
+        counter, batches = store("batches/"), sampler.whole().epoch_batches(epoch)
+        key = f"epoch-{epoch}-batches"
+        while (taken := counter.add(key, 1)) <= len(batches):
+            yield batches[taken - 1], taken / len(batches)
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)

@@ -92,12 +92,13 @@ def test_learners_with_very_different_step_counts_always_stop():
     assert out[0] == out[1] == out[2] == out[3]  # every run ended on the same agreed round everywhere
 
 
-def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
+@pytest.mark.parametrize("sampling", ["independent", "shared"])
+def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path, sampling):
     exp = tmp_path / "exp"
     shutil.copytree(tiny_exp, exp)
     ds = json.loads((REPO / "ds_configs" / "adpsgd.json").read_text())
     ds["train_micro_batch_size_per_gpu"] = 4
-    ds["comm"]["debug"] = {"slowdown": {"1": 4.0}}
+    ds["comm"].update(sampling=sampling, debug={"slowdown": {"1": 4.0}})
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     out = run_learners(train_learner, 4, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"), *TINY,
                                           "train.epochs=2"])
@@ -107,6 +108,7 @@ def test_a_straggler_falls_behind_alone(tiny_exp, tmp_path):
         fast = [steps[r] for r in (0, 2, 3)]
         assert steps[1] < 0.6 * min(fast), steps  # the slowed learner did less of the epoch ...
         assert sum(steps) * 4 >= 0.9 * 96  # ... the epoch was still complete ...
+        assert sampling == "independent" or sum(steps) == 96 // 4  # (shared: every batch of the epoch once)
         assert sum(fast) >= 0.8 * sum(steps), steps  # ... because the others took up its share
     assert out[0]["strategy"] == "adpsgd" and out[0]["gossip_rounds"] > 0
 

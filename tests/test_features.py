@@ -141,6 +141,9 @@ def test_sampler_shards_by_global_rank():
     assert as_lists(samplers[0].rank_batches(3)) != as_lists(per_rank[0])  # reshuffled every epoch
     spread = [np.ptp(lengths[b]) / lengths[b].mean() for batches in per_rank for b in batches]
     assert np.median(spread) < 0.3  # bucketed: similar lengths in a batch
+    whole = [s.whole().epoch_batches(2) for s in samplers]  # what ADPSGD's learners deal out among themselves
+    assert as_lists(whole[0]) == as_lists(whole[2])  # the same list on every rank ...
+    assert sorted(i for b in whole[0] for i in b) == list(range(103))  # ... with every utterance once
 
 
 def test_a_full_disk_while_writing_features_is_a_clear_error_and_leaves_nothing(tmp_path, monkeypatch):

@@ -221,6 +221,10 @@ class BucketBatchSampler:
         """All the batches, in a shuffle of learner `rank`'s own (ADPSGD's independent sampling)."""
         return BucketBatchSampler(self.lengths, self.batch_size, seed=self.seed * 100_003 + rank + 1)
 
+    def whole(self) -> "BucketBatchSampler":
+        """All the batches in this sampler's shuffle, for one rank (ADPSGD deals them out as learners ask)."""
+        return BucketBatchSampler(self.lengths, self.batch_size, seed=self.seed)
+
     def rank_batches(self, epoch: int) -> list[np.ndarray]:
         return self.epoch_batches(epoch)[self.rank:: self.world_size]
 

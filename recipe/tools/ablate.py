@@ -52,6 +52,10 @@ ARMS = {
     # ones average 8 (and 16) exactly every 4 rounds (comm/topology.py)
     "adpsgd-sqrt-replicas-warmup1-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {},
                                                  [*REPLICAS, "optim.warmup_epochs=1"]),
+    # each learner walks its own shuffle of all batches, so about a third of the utterances go unseen in an
+    # epoch (and as many are seen twice); dealing one shuffle out among them shows each once, as SYNC does
+    "adpsgd-sqrt-replicas-warmup1-shared": ("ds_configs/adpsgd.json", {"sampling": "shared"}, {},
+                                            [*REPLICAS, "optim.warmup_epochs=1"]),
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
     "hybrid": ("ds_configs/hybrid.json", {}, {}, SQRT),
     "hybrid-linear-lr": ("ds_configs/hybrid.json", {}, {}, LINEAR),
