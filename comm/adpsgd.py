@@ -84,7 +84,7 @@ class ADPSGDStrategy(Strategy):
                              f"valid: {', '.join(EXCHANGE_DTYPES)}")
         if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
             raise ValueError(f"comm.period must be an integer >= 0, got {self.conf['period']!r}")
-        if self.conf["sampling"] not in self.SAMPLING:
+        if self.conf.get("sampling", "shared") not in self.SAMPLING:  # (HYBRID has no such option)
             raise ValueError(f"comm.sampling={self.conf['sampling']!r}; valid: {', '.join(self.SAMPLING)}")
         if self.conf["on_lost_learner"] not in self.ON_LOST_LEARNER:
             raise ValueError(f"comm.on_lost_learner={self.conf['on_lost_learner']!r}; "

@@ -30,6 +30,8 @@ from comm.layout import LayoutError
 
 class HybridStrategy(ADPSGDStrategy):
     name = "hybrid"
+    # a node's learners step together, so they take equal shards (batches): no comm.sampling
+    options = {key: value for key, value in ADPSGDStrategy.options.items() if key != "sampling"}
 
     def __init__(self, layout, options, heartbeat=None):
         if layout.nodes < 2:

@@ -60,6 +60,8 @@ def test_strategy_registry_rejects_unknown_names_and_options():
         build_strategy({"strategy": "sync", "period": 2}, ProcessLayout())
     with pytest.raises(ValueError, match=r"comm.sampling='random'; valid: shared, independent"):
         build_strategy({"strategy": "adpsgd", "sampling": "random"}, ProcessLayout(world_size=2, local_size=2))
+    with pytest.raises(ValueError, match=r"options \['sampling'\] are unknown to strategy 'hybrid'"):
+        build_strategy({"strategy": "hybrid", "sampling": "shared"}, ProcessLayout(world_size=4, local_size=2, nodes=2))
 
 
 def test_ds_json_may_not_hold_what_the_yaml_owns(tmp_path):
