@@ -69,8 +69,8 @@ class ADPSGDStrategy(Strategy):
         "lost_after_s": 5.0,  # a learner whose heartbeat stands still this long is gone
         # shared: the learners deal one shuffle of the epoch's batches out as each asks for the next (every
         # utterance once an epoch, as under SYNC) | independent: each walks its own shuffle of all of them
-        # (about a third of the utterances unseen in an epoch, others seen twice)
-        "sampling": "independent",
+        # (about a third of the utterances unseen in an epoch, others seen twice; DESIGN.md §9.9)
+        "sampling": "shared",
     }
     ON_LOST_LEARNER = ("continue", "stop")
     SAMPLING = ("shared", "independent")

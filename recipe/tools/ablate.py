@@ -21,39 +21,42 @@ from recipe.tools.bench import prepare_subset, run_arm
 
 # name -> (DeepSpeed JSON, its "comm" changes, its engine changes, recipe YAML overrides). Every arm pins its lr
 # rule and warm-up, the square root and 0.3 epochs (the defaults until stop 18) unless its name says otherwise
-# (a later override wins), so that an arm means what it meant when it was measured.
+# (a later override wins), so that an arm means what it meant when it was measured; the ADPSGD arms measured
+# before stop 31 pin the sampling they were measured with (each learner its own shuffle) as well.
 SHORT_WARMUP = "optim.warmup_epochs=0.3"
 SQRT, LINEAR, REPLICAS = (["optim.batch_scaling=sqrt", SHORT_WARMUP], ["optim.batch_scaling=linear", SHORT_WARMUP],
                           ["optim.batch_scaling=sqrt_replicas", SHORT_WARMUP])
+OWN = {"sampling": "independent"}
 ARMS = {
     "sync": ("ds_configs/sync.json", {}, {}, SQRT),
-    "adpsgd": ("ds_configs/adpsgd.json", {}, {}, SQRT),
+    "adpsgd": ("ds_configs/adpsgd.json", OWN, {}, SQRT),
     # clipping at 5 acts on a learner's own gradient of 8 utterances under ADPSGD, whose norm is larger than
     # that of SYNC's average over all learners: it may clip where SYNC does not
-    "adpsgd-noclip": ("ds_configs/adpsgd.json", {}, {"gradient_clipping": 0.0}, SQRT),
+    "adpsgd-noclip": ("ds_configs/adpsgd.json", OWN, {"gradient_clipping": 0.0}, SQRT),
     "sync-noclip": ("ds_configs/sync.json", {}, {"gradient_clipping": 0.0}, SQRT),
     # Adam normalizes each learner's noisy small-batch gradient: averaging the normalized steps of 4 learners
     # moves the consensus less than one normalized step of their average gradient does
-    "adpsgd-linear-lr": ("ds_configs/adpsgd.json", {}, {}, LINEAR),
+    "adpsgd-linear-lr": ("ds_configs/adpsgd.json", OWN, {}, LINEAR),
     "sync-linear-lr": ("ds_configs/sync.json", {}, {}, LINEAR),  # the same lr for SYNC
     "sync-warmup1": ("ds_configs/sync.json", {}, {}, [*SQRT, "optim.warmup_epochs=1"]),  # SYNC's defaults now
     # a large batch at a fixed number of epochs is few updates: does SYNC want Goyal et al.'s linear rule there?
     "sync-linear-warmup1": ("ds_configs/sync.json", {}, {}, [*LINEAR, "optim.warmup_epochs=1"]),
-    "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {}, SQRT),
-    "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, SQRT),  # rounds back to back, not per step
+    "adpsgd-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential", **OWN}, {}, SQRT),
+    "adpsgd-period0": ("ds_configs/adpsgd.json", {"period": 0, **OWN}, {}, SQRT),  # rounds back to back, not per step
     # at 8 learners the linear rule's rate (8x the base) is reached within 0.3 epochs = 14 updates: a longer ramp
-    "adpsgd-linear-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*LINEAR, "optim.warmup_epochs=1"]),
-    "adpsgd-linear-period0": ("ds_configs/adpsgd.json", {"period": 0}, {}, LINEAR),
+    "adpsgd-linear-warmup1": ("ds_configs/adpsgd.json", OWN, {}, [*LINEAR, "optim.warmup_epochs=1"]),
+    "adpsgd-linear-period0": ("ds_configs/adpsgd.json", {"period": 0, **OWN}, {}, LINEAR),
     # the square root of the batch times that of the learners: each learner's Adam step is normalized by the
     # statistics of 1/learners of the batch (recipe/lib/schedule.py); with the warm-up of 1: ADPSGD's defaults now
-    "adpsgd-sqrt-replicas": ("ds_configs/adpsgd.json", {}, {}, REPLICAS),
-    "adpsgd-sqrt-replicas-warmup1": ("ds_configs/adpsgd.json", {}, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
+    "adpsgd-sqrt-replicas": ("ds_configs/adpsgd.json", OWN, {}, REPLICAS),
+    "adpsgd-sqrt-replicas-warmup1": ("ds_configs/adpsgd.json", OWN, {}, [*REPLICAS, "optim.warmup_epochs=1"]),
     # the ring's pairings average 4 learners exactly every 2 rounds but 8 only by 0.7x a round; the exponential
     # ones average 8 (and 16) exactly every 4 rounds (comm/topology.py)
-    "adpsgd-sqrt-replicas-warmup1-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential"}, {},
+    "adpsgd-sqrt-replicas-warmup1-exponential": ("ds_configs/adpsgd.json", {"schedule": "exponential", **OWN}, {},
                                                  [*REPLICAS, "optim.warmup_epochs=1"]),
-    # each learner walks its own shuffle of all batches, so about a third of the utterances go unseen in an
-    # epoch (and as many are seen twice); dealing one shuffle out among them shows each once, as SYNC does
+    # each learner walked its own shuffle of all batches, so about a third of the utterances went unseen in an
+    # epoch (and a quarter were seen twice or more); dealing one shuffle out among them shows each once, as
+    # SYNC does: ADPSGD's defaults since stop 31
     "adpsgd-sqrt-replicas-warmup1-shared": ("ds_configs/adpsgd.json", {"sampling": "shared"}, {},
                                             [*REPLICAS, "optim.warmup_epochs=1"]),
     # HYBRID on 2 emulated nodes: allreduce inside a node, gossip between the nodes' averages
