@@ -129,9 +129,19 @@ class ADPSGDStrategy(Strategy):
         """The learners take batches as they are ready for them and the epoch ends once they together have
         taken the training set: the store's add() is an atomic global counter, so a fast learner simply takes
         more batches than a slow one (DESIGN.md §9.9). Which batches: comm.sampling."""
-        if self.conf["sampling"] == "shared":
-            yield from self._shared_batches(sampler, epoch)
-            return
+        take = self._dealt_batches if self.conf["sampling"] == "shared" else self._own_shuffle_batches
+        return take(sampler, epoch)
+
+    def _dealt_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
+        """The next batch of the epoch's one shuffle (the same list on every learner) by the global count."""
+        counter, batches = store("batches/"), sampler.whole().epoch_batches(epoch)
+        key = f"epoch-{epoch}-batches"
+        while (taken := counter.add(key, 1)) <= len(batches):
+            yield batches[taken - 1], taken / len(batches)
+
+    def _own_shuffle_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
+        """This learner's own shuffle of all the batches, until the learners together have taken as many
+        utterances as the training set has."""
         counter, total = store("batches/"), len(sampler.lengths)
         key = f"epoch-{epoch}-utterances"
         while True:
@@ -140,13 +150,6 @@ class ADPSGDStrategy(Strategy):
                 if taken - len(batch) >= total:
                     return
                 yield batch, min(1.0, taken / total)
-
-    def _shared_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
-        """The next batch of the epoch's one shuffle, the same list on every learner, by the global count."""
-        counter, batches = store("batches/"), sampler.whole().epoch_batches(epoch)
-        key = f"epoch-{epoch}-batches"
-        while (taken := counter.add(key, 1)) <= len(batches):
-            yield batches[taken - 1], taken / len(batches)
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)

@@ -222,7 +222,8 @@ class BucketBatchSampler:
         return BucketBatchSampler(self.lengths, self.batch_size, seed=self.seed * 100_003 + rank + 1)
 
     def whole(self) -> "BucketBatchSampler":
-        """All the batches in this sampler's shuffle, for one rank (ADPSGD deals them out as learners ask)."""
+        """All the batches of this sampler's shuffle as one rank's list, the same on every rank (ADPSGD's
+        learners deal it out among themselves)."""
         return BucketBatchSampler(self.lengths, self.batch_size, seed=self.seed)
 
     def rank_batches(self, epoch: int) -> list[np.ndarray]:
