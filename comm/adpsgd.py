@@ -72,23 +72,15 @@ class ADPSGDStrategy(Strategy):
         # (about a third of the utterances unseen in an epoch, others seen twice; DESIGN.md §9.9)
         "sampling": "shared",
     }
-    ON_LOST_LEARNER = ("continue", "stop")
-    SAMPLING = ("shared", "independent")
+    choices = {"exchange_dtype": tuple(EXCHANGE_DTYPES), "on_lost_learner": ("continue", "stop"),
+               "sampling": ("shared", "independent")}
 
     def __init__(self, layout, options, heartbeat=None, units: int | None = None):
         """units: what gossip pairs, the learners here (HYBRID: the nodes)."""
         super().__init__(layout, options, heartbeat)
         self.schedule = PairingSchedule(units or layout.world_size, self.conf["schedule"])
-        if self.conf["exchange_dtype"] not in EXCHANGE_DTYPES:
-            raise ValueError(f"comm.exchange_dtype={self.conf['exchange_dtype']!r}; "
-                             f"valid: {', '.join(EXCHANGE_DTYPES)}")
         if not isinstance(self.conf["period"], int) or self.conf["period"] < 0:
             raise ValueError(f"comm.period must be an integer >= 0, got {self.conf['period']!r}")
-        if self.conf.get("sampling", "shared") not in self.SAMPLING:  # (HYBRID has no such option)
-            raise ValueError(f"comm.sampling={self.conf['sampling']!r}; valid: {', '.join(self.SAMPLING)}")
-        if self.conf["on_lost_learner"] not in self.ON_LOST_LEARNER:
-            raise ValueError(f"comm.on_lost_learner={self.conf['on_lost_learner']!r}; "
-                             f"valid: {', '.join(self.ON_LOST_LEARNER)}")
         # without a heartbeat (benchmarks, unit tests) nobody can tell a lost learner: every failure stops
         goes_on = self.conf["on_lost_learner"] == "continue" and heartbeat is not None
         self.members = Membership(layout.rank, layout.world_size, goes_on, self._lost_needed)

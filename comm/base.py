@@ -42,6 +42,8 @@ class Strategy:
     # the keys this strategy accepts in the JSON "comm" section, with their defaults; debug is read by
     # comm/faults.py, link is an emulated inter-node network (comm/link.py)
     options: dict = {"debug": {}, "link": {}}
+    # the options among them that take one of a closed set of values: checked here, naming the valid ones
+    choices: dict = {}
 
     def __init__(self, layout: ProcessLayout, options: dict, heartbeat=None):
         """heartbeat: the learner's comm.health.Heartbeat, through which a strategy that goes on without a
@@ -53,6 +55,9 @@ class Strategy:
             raise ValueError(f'"comm" options {unknown} are unknown to strategy {self.name!r}; '
                              f"valid: {sorted(self.options) or 'none'}")
         self.conf = {**self.options, **options}
+        for key, valid in self.choices.items():
+            if key in self.options and self.conf[key] not in valid:
+                raise ValueError(f"comm.{key}={self.conf[key]!r}; valid: {', '.join(valid)}")
         self.link = EmulatedLink(self.conf["link"])
         self.members = Membership(layout.rank, layout.world_size)
         self.boundary_bytes = 0.0  # bytes this learner sent across a node boundary (counted with a link only)
