@@ -27,6 +27,7 @@ from comm.base import Strategy
 from comm.distributed import ProcessGroups, collective_timeout, store
 from comm.gossip import EXCHANGE_DTYPES, GossipStats, GossipThread, flatten
 from comm.membership import Membership
+from comm.staging import Staging
 from comm.topology import PairingSchedule
 from comm.weights import Weights
 
@@ -89,6 +90,7 @@ class ADPSGDStrategy(Strategy):
         self._mpu: GroupMPU | None = None
         self._thread: GossipThread | None = None
         self.weights: Weights | None = None  # what gossip mixes: the optimizer's (fp32 master) weights
+        self.staging: Staging | None = None  # its buffers to the host and back, made once (comm/staging.py)
         self.rounds = 0
         self.stats = GossipStats()  # over the epochs' finished gossip threads
         self._epochs_ended = 0
@@ -120,41 +122,51 @@ class ADPSGDStrategy(Strategy):
     def batches(self, sampler, epoch: int, accumulation: int) -> Iterator[tuple[np.ndarray, float]]:
         """The learners take batches as they are ready for them and the epoch ends once they together have
         taken the training set: the store's add() is an atomic global counter, so a fast learner simply takes
-        more batches than a slow one (DESIGN.md §9.9). Which batches: comm.sampling."""
+        more batches than a slow one (DESIGN.md §9.9). They take whole optimizer steps (`accumulation` micro
+        batches at a time), so no accumulation window straddles the epoch's end and its consensus. Which
+        batches: comm.sampling."""
         take = self._dealt_batches if self.conf["sampling"] == "shared" else self._own_shuffle_batches
-        return take(sampler, epoch)
+        return take(sampler, epoch, accumulation)
 
-    def _dealt_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
-        """The next batch of the epoch's one shuffle (the same list on every learner) by the global count."""
+    def _dealt_batches(self, sampler, epoch: int, accumulation: int) -> Iterator[tuple[np.ndarray, float]]:
+        """The next step's batches of the epoch's one shuffle (the same list on every learner) by the global
+        count of steps taken; the last micro batches that make no whole step are left out, as SYNC's are."""
         counter, batches = store("batches/"), sampler.whole().epoch_batches(epoch)
-        key = f"epoch-{epoch}-batches"
-        while (taken := counter.add(key, 1)) <= len(batches):
-            yield batches[taken - 1], taken / len(batches)
+        steps, key = len(batches) // accumulation, f"epoch-{epoch}-steps"
+        while (taken := counter.add(key, 1)) <= steps:
+            for i in range((taken - 1) * accumulation, taken * accumulation):
+                yield batches[i], (i + 1) / (steps * accumulation)
 
-    def _own_shuffle_batches(self, sampler, epoch: int) -> Iterator[tuple[np.ndarray, float]]:
-        """This learner's own shuffle of all the batches, until the learners together have taken as many
-        utterances as the training set has."""
+    def _own_shuffle_batches(self, sampler, epoch: int, accumulation: int) -> Iterator[tuple[np.ndarray, float]]:
+        """Whole steps of this learner's own shuffle of all the batches, until the learners together have taken
+        as many utterances as the training set has."""
         counter, total = store("batches/"), len(sampler.lengths)
         key = f"epoch-{epoch}-utterances"
         while True:
-            for batch in sampler.learner_shuffle(self.layout.rank).epoch_batches(epoch):
-                taken = counter.add(key, len(batch))
-                if taken - len(batch) >= total:
+            batches = sampler.learner_shuffle(self.layout.rank).epoch_batches(epoch)
+            for start in range(0, len(batches) - accumulation + 1, accumulation):
+                window = batches[start: start + accumulation]
+                size = sum(len(b) for b in window)
+                taken = counter.add(key, size)
+                if taken - size >= total:
                     return
-                yield batch, min(1.0, taken / total)
+                for j, batch in enumerate(window):
+                    yield batch, min(1.0, (taken - size + sum(len(b) for b in window[: j + 1])) / total)
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)
 
     def _start_gossip(self) -> None:
         local = self.layout.local_size
+        self.staging = self.staging or Staging(self.weights.masters)
         self._thread = GossipThread(self.weights.masters, self._peer, self.groups.gossip, self.lock,
                                     self.conf["period"], self.conf["exchange_dtype"], first_round=self.rounds,
                                     link=self.link,
                                     crosses_boundary=lambda peer: peer // local != self.layout.node_rank,
                                     lost_peers=set(self.members.lost),
                                     confirm_lost=self._confirm_lost if self.members.goes_on else None,
-                                    watch_peer=self._watch_peer if self.members.goes_on else None).start()
+                                    watch_peer=self._watch_peer if self.members.goes_on else None,
+                                    staging=self.staging).start()
 
     def _confirm_lost(self, peer: int) -> bool:
         return self.heartbeat.confirm_lost(peer, self.conf["lost_after_s"])

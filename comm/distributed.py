@@ -26,7 +26,10 @@ def init_distributed(timeout_s: float | None = None) -> None:
 
     When the rendezvous address is a loopback one (no hostfile: every learner on this machine), nothing from
     another machine can reach the learners: the store listens on the loopback address only (torch's TCPStore
-    would listen on every interface) and gloo talks over the loopback interface.
+    would listen on every interface) and gloo talks over the loopback interface. Otherwise gloo talks over the
+    interface the route to the rendezvous address leaves from: left to itself, it binds whatever this host's
+    name resolves to (Debian's 127.0.1.1, which no other node reaches, or a slow management network).
+    $GLOO_SOCKET_IFNAME, where set, wins in both cases.
 
     On CPU, DeepSpeed would first JIT-compile its shared-memory allreduce op and map a 69 MB /dev/shm buffer per
     learner that it never unlinks: every run leaves them behind in RAM (a few dozen test runs filled 22 GB), the
@@ -53,6 +56,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
             _store = _loopback_store(port, world, rank == 0, timeout)
         else:
+            interface = interface_towards(address)
+            if interface is not None:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
             _store = dist.TCPStore(address, port, world, rank == 0, timeout)
         dist.init_process_group(backend, store=_store, rank=rank, world_size=world, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)  # takes the process group made above
@@ -137,6 +143,31 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def interface_towards(address: str) -> str | None:
+    """The name of this machine's network interface that the route to `address` (IPv4) leaves from; None when
+    there is none to be found. Connecting a UDP socket only looks the route up: nothing is sent."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return next((name for _, name in socket.if_nameindex() if _ipv4_address(name) == local), None)
+
+
+def _ipv4_address(interface: str) -> str | None:
+    """An interface's IPv4 address (Linux's SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            answer = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", interface[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
 
 
 def _loopback_interface() -> str:

@@ -1,12 +1,13 @@
 """The gossip thread: averages this learner's weights with one peer per round, beside the compute thread.
 
-One round: take a snapshot of the weights (under the step lock, so never half an optimizer step), exchange
-snapshots with the round's peer over a gloo group of its own (never a second NCCL communicator beside
-DeepSpeed's: DESIGN.md §9.6), and hand the compute thread  delta = (w_peer - w_snapshot) / 2 , which it adds
-at its next step boundary (apply_pending). The merge cannot happen at any other time: forward and backward
-hold references to the weights, and autograd rejects weights changed in place under it. Adding the difference
-rather than overwriting keeps every optimizer step taken while the exchange was in flight (DESIGN.md §9.7); the two
-sides of an exchange add opposite deltas, so the sum of all weights is preserved exactly.
+One round: take a snapshot of the weights (only its device-side copy under the step lock, so never half an
+optimizer step, and the copy to the host outside it: comm/staging.py), exchange snapshots with the round's peer
+over a gloo group of its own (never a second NCCL communicator beside DeepSpeed's: DESIGN.md §9.6), and hand
+the compute thread  delta = (w_peer - w_snapshot) / 2 , which it adds at its next step boundary
+(apply_pending). The merge cannot happen at any other time: forward and backward hold references to the
+weights, and autograd rejects weights changed in place under it. Adding the difference rather than overwriting
+keeps every optimizer step taken while the exchange was in flight (DESIGN.md §9.7); the two sides of an exchange
+add opposite deltas, so the sum of all weights is preserved exactly.
 
 Stopping (DESIGN.md §9.8): every thread runs rounds 0, 1, 2, ... in order and its peer in a round is fixed by the
 schedule, so two threads never wait on each other across different rounds. To stop, the learners pause
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from comm.link import EmulatedLink
+from comm.staging import Staging, views
 
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -92,11 +94,7 @@ def _watched(exchange: Callable[[], None], gone: Callable[[], bool] | None, peer
 def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     """params += flat, where flat is the concatenation of all params (fp32, on any device)."""
     with torch.no_grad():
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.add_(flat[offset: offset + n].view_as(p).to(p.device, p.dtype, non_blocking=True))
-            offset += n
+        torch._foreach_add_(params, views(flat.to(params[0].device, non_blocking=True), params))
 
 
 def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
@@ -104,50 +102,21 @@ def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in params])
 
 
-class HostStaging:
-    """The gossip thread's snapshots of the weights in host memory. On a GPU they are copied into a pinned buffer
-    on a CUDA stream of the thread's own, after the work already queued on the compute stream (the last
-    step's update): the copy runs at the link's speed and never queues the compute stream behind it. On the
-    CPU, a plain copy. Not yet run on a GPU (DESIGN.md §9.27)."""
-
-    def __init__(self, params: list[torch.Tensor]):
-        self.params = params
-        self.cuda = bool(params) and params[0].is_cuda
-        if self.cuda:
-            self.stream = torch.cuda.Stream(device=params[0].device)
-            self.host = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, pin_memory=True)
-
-    def snapshot(self) -> torch.Tensor:
-        if not self.cuda:
-            return flatten(self.params)
-        device = self.params[0].device  # a new thread's current device is 0: stay on the weights' own
-        self.stream.wait_stream(torch.cuda.default_stream(device))
-        with torch.cuda.device(device), torch.cuda.stream(self.stream):
-            offset = 0
-            for p in self.params:
-                self.host[offset: offset + p.numel()].copy_(p.detach().reshape(-1), non_blocking=True)
-                offset += p.numel()
-        self.stream.synchronize()
-        return self.host.clone()
-
-    def to_pinned(self, delta: torch.Tensor) -> torch.Tensor:
-        """A delta for the compute thread: pinned, so adding it copies to the device without a host stall."""
-        return delta.pin_memory() if self.cuda else delta
-
-
 class GossipThread:
     def __init__(self, params: list[torch.Tensor], peer_of_round: Callable[[int], int], group,
                  step_lock: threading.Lock, period: int = 1, exchange_dtype: str = "fp32", first_round: int = 0,
                  link: EmulatedLink | None = None, crosses_boundary: Callable[[int], bool] = lambda peer: True,
                  lost_peers: set[int] | None = None, confirm_lost: Callable[[int], bool] | None = None,
-                 watch_peer: Callable[[int], Callable[[], bool]] | None = None):
+                 watch_peer: Callable[[int], Callable[[], bool]] | None = None, staging: Staging | None = None):
         """peer_of_round(r) -> the global rank to exchange with in round r. period: optimizer steps between
         the starts of two rounds; 0 = back to back, continuously. link: an emulated inter-node link; an
         exchange with a peer for which crosses_boundary(peer) is true lasts at least as long as on it.
         lost_peers: peers known to be gone (their rounds are skipped); confirm_lost(peer), after an exchange
         failed: True if the peer is gone for good, so the run goes on without it (None: every failure is
         an error). watch_peer(peer) -> gone(), asked while an exchange waits on the peer: True once it is gone
-        (a frozen or unreachable peer fails nothing; without it the wait lasts the group's whole timeout)."""
+        (a frozen or unreachable peer fails nothing; without it the wait lasts the group's whole timeout).
+        staging: the buffers between the weights and the host (comm/staging.py), kept by the strategy from one
+        epoch's thread to the next (None: new ones)."""
         self.params = params
         self.peer_of_round = peer_of_round
         self.group = group
@@ -161,7 +130,7 @@ class GossipThread:
         self.lost_peers = set(lost_peers or ())
         self.confirm_lost = confirm_lost
         self.watch_peer = watch_peer
-        self.staging = HostStaging(params)
+        self.staging = staging or Staging(params)
         self._steps = 0
         self._pending: torch.Tensor | None = None  # received, not yet added to the weights
         self._taken = False  # handed to the compute thread, added by the time it calls step_done()
@@ -199,7 +168,7 @@ class GossipThread:
         delta = self.take_pending()
         if delta is not None:
             with self.step_lock:
-                add_flat(self.params, delta)
+                self.staging.add(delta)
         return delta is not None
 
     def _next_round(self) -> int | None:
@@ -232,8 +201,9 @@ class GossipThread:
 
     def _exchange(self, r: int, peer: int) -> None:
         t0 = time.perf_counter()
-        with self.step_lock:
-            snapshot = self.staging.snapshot()
+        with self.step_lock:  # only a device-side copy: the step never waits for a transfer
+            self.staging.capture()
+        snapshot = self.staging.to_host()  # reused round after round: a scratch buffer until the next capture
         with self._cond:  # only this thread sets _pending, and a round starts with it None unless stopping:
             pending = self._pending
         if pending is not None:  # while stopping, rounds run on before the compute thread merges: exchange
@@ -267,7 +237,7 @@ class GossipThread:
         if not (torch.isfinite(incoming).all() and torch.isfinite(snapshot).all()):
             self.stats.merges_skipped += 1
         else:
-            delta = self.staging.to_pinned((incoming - snapshot).mul_(0.5))
+            delta = self.staging.pinned((incoming - snapshot).mul_(0.5))
             with self._cond:  # while stopping, rounds run on without the compute thread: deltas add up
                 self._pending = delta if self._pending is None else self._pending.add_(delta)
         self.stats.exchange_seconds += time.perf_counter() - t0

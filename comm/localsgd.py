@@ -136,7 +136,8 @@ class LocalSGDStrategy(Strategy):
         masters = self.weights.masters
         with torch.no_grad():
             proxy = torch.nn.Parameter(torch.cat([w.detach().reshape(-1).float() for w in masters]))
-        proxy.grad = torch.zeros((), dtype=proxy.dtype).expand_as(proxy)  # kept by its filter; no memory
+        # kept by the averager's filter; no memory; on the masters' device (a CPU zero is refused on a GPU)
+        proxy.grad = torch.zeros((), dtype=proxy.dtype, device=proxy.device).expand_as(proxy)
         before = proxy.data_ptr()  # torch rebinds .data to its averaged buffer when it averages
         self.averager.average_parameters([proxy])
         if proxy.data_ptr() == before:  # not an averaging step

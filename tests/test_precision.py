@@ -64,3 +64,32 @@ def test_fp16_steps_as_fp32_does():
     # tiny gradients: measured 1.9e-5). When this fails, DeepSpeed scales fp16 itself and
     # recipe.lib.engine.backward() must stop doing it.
     assert unscaled["update"].norm() / fp32["update"].norm() < 1e-4
+
+
+def built(rank: int, world: int, precision: str) -> dict:
+    """An engine built with Adam and weight decay, no step taken -> its optimizer's state and how far its
+    masters moved from the initial weights."""
+    from comm import ProcessLayout, build_strategy, init_distributed
+    from comm.weights import master_weights
+    from model.lstm import LSTMAcousticModel
+    from recipe.lib.engine import build_engine
+
+    init_distributed()
+    torch.manual_seed(0)
+    model = LSTMAcousticModel(input_dim=12, output_dim=6, layers=1, hidden=16, stack=2)
+    initial = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    config = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": precision == "bf16"}}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.5)
+    engine = build_engine(model, optimizer, config, build_strategy({"strategy": "sync"}, ProcessLayout.from_env()))
+    masters = torch.cat([w.detach().float().flatten() for w in master_weights(engine)])
+    return {"optimizer": type(engine.optimizer).__name__, "state": len(optimizer.state),
+            "moved": float((masters - initial).abs().max())}
+
+
+def test_a_bf16_engine_starts_as_an_fp32_one_with_no_optimizer_step_taken():
+    # DeepSpeed's initialize_optimizer_states steps Adam once on zero gradients: with weight decay every weight
+    # moved and Adam's step count started at 1 (recipe.lib.engine.undo_hidden_step)
+    fp32, bf16 = (run_learners(built, 1, precision)[0] for precision in ("fp32", "bf16"))
+    assert bf16["optimizer"] == "FP16_UnfusedOptimizer"
+    assert fp32["state"] == bf16["state"] == 0
+    assert fp32["moved"] == bf16["moved"] == 0  # the masters are the fp32 initial weights, not bf16-rounded

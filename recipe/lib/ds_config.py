@@ -34,4 +34,8 @@ def load_ds_config(path: str | Path) -> tuple[dict, dict]:
     if "train_micro_batch_size_per_gpu" not in conf:
         raise ConfigError(f"{path}: needs train_micro_batch_size_per_gpu (utterances per learner per step)")
     comm = conf.pop("comm")
+    if conf.get("bf16", {}).get("enabled"):
+        # DeepSpeed reduces bf16 gradients in bf16 unless told otherwise: 8 bits of mantissa summed over every
+        # learner. fp32 costs twice the bytes of a reduction that is a small share of an LSTM's step.
+        conf.setdefault("communication_data_type", "fp32")
     return conf, comm

@@ -4,15 +4,19 @@ training step. Used by the training stage (recipe/train.py), the benchmarks and 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import NamedTuple
 
 import torch
 
+from comm.weights import Weights
 from model.lstm import ctc_loss, frame_ce_loss
 from recipe.lib.config import for_strategy
 from recipe.lib.schedule import learning_rate
+
+log = logging.getLogger("recipe.engine")
 
 
 def threads_per_learner(requested: int, local_size: int) -> int:
@@ -67,9 +71,58 @@ def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, engin
     in step). The same initial weights on every learner are the caller's seed; attach() makes sure of them."""
     import deepspeed
 
+    initial = [p.detach().clone() for p in model.parameters()]  # fp32, before DeepSpeed casts the module
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
+    undo_hidden_step(engine, initial)
+    pack_rnn_weights(engine)
     strategy.attach(engine)
     return engine
+
+
+def undo_hidden_step(engine, initial: list[torch.Tensor]) -> None:
+    """DeepSpeed's fp16/bf16 optimizers without ZeRO (FP16_UnfusedOptimizer, FP16_Optimizer) take one optimizer
+    step on zero gradients while they are built (initialize_optimizer_states, to allocate the state). Under Adam
+    the first real update is then bias-corrected as the second (about 0.74x fp32's first), and with weight decay
+    every weight moves before training starts. Undone: the optimizer's state dropped (rebuilt at the first real
+    step, as in fp32), the masters back to the initial fp32 weights, and those published to the module."""
+    if not (engine.fp16_enabled() or engine.bfloat16_enabled()) or engine.zero_optimization():
+        return
+    engine.optimizer.optimizer.state.clear()
+    weights = Weights(engine)
+    with torch.no_grad():
+        for master, value in zip(weights.masters, initial):
+            master.copy_(value)
+    weights.publish()
+
+
+def pack_rnn_weights(engine) -> int:
+    """Pack every LSTM's weights into the one contiguous buffer cuDNN wants, in bf16 too; -> how many were packed.
+
+    torch's flatten_parameters() packs them only for the dtypes in torch.backends.cudnn.CUDNN_TENSOR_DTYPES (half,
+    float, double), so under DeepSpeed's bf16 cast it returns at once, and cuDNN, which does run bf16 LSTMs,
+    copies the scattered weights into a buffer of its own at every call (its warning "RNN module weights are
+    not part of single contiguous chunk of memory", BENCHMARKS.md §10). Packing moves the parameters' storage
+    once, here, before the strategy holds any view of them. DeepSpeed's unfused fp16/bf16 optimizer (any torch
+    optimizer gets it) copies its masters into the parameters in place, so they stay packed; its fused one
+    keeps the parameters as views of its own flat buffer, which packing would cut off, so they are left as
+    they are. On the CPU there is nothing to pack; where cuDNN refuses, the unpacked weights still work."""
+    import torch.backends.cudnn as cudnn
+
+    rnns = [m for m in engine.module.modules() if isinstance(m, torch.nn.RNNBase)]
+    on_gpu = rnns and all(p.is_cuda for m in rnns for p in m.parameters()) and cudnn.is_available()
+    if not on_gpu or hasattr(engine.optimizer, "fp32_groups_flat"):
+        return 0
+    extra = {torch.bfloat16} - cudnn.CUDNN_TENSOR_DTYPES
+    cudnn.CUDNN_TENSOR_DTYPES |= extra  # for flatten_parameters' own check, for as long as it runs
+    try:
+        for rnn in rnns:
+            rnn.flatten_parameters()
+    except RuntimeError as err:
+        log.warning("the LSTM weights stay unpacked (cuDNN copies them at every call): %s", err)
+        return 0
+    finally:
+        cudnn.CUDNN_TENSOR_DTYPES -= extra
+    return len(rnns)
 
 
 def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_batch: int):
