@@ -32,33 +32,6 @@ from comm.topology import PairingSchedule
 from comm.weights import Weights
 
 
-class GroupMPU:
-    """What DeepSpeed's `mpu` argument needs, over the groups built from the layout (comm/distributed.py):
-    data-parallel groups of `unit` consecutive ranks (1: every learner alone, ADPSGD; the learners of a node,
-    HYBRID); the model-parallel group is the learner alone."""
-
-    def __init__(self, groups: ProcessGroups, rank: int, unit: int):
-        self.groups, self.data_rank, self.data_size = groups, rank % unit, unit
-
-    def get_data_parallel_group(self):
-        return self.groups.data
-
-    def get_data_parallel_rank(self) -> int:
-        return self.data_rank
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.data_size
-
-    def get_model_parallel_group(self):
-        return self.groups.model
-
-    def get_model_parallel_rank(self) -> int:
-        return 0
-
-    def get_model_parallel_world_size(self) -> int:
-        return 1
-
-
 class ADPSGDStrategy(Strategy):
     name = "adpsgd"
     options = {
@@ -87,7 +60,6 @@ class ADPSGDStrategy(Strategy):
         self.members = Membership(layout.rank, layout.world_size, goes_on, self._lost_needed)
         self.gossips = True  # this learner runs a gossip thread (HYBRID: the node leaders only)
         self.lock = threading.Lock()
-        self._mpu: GroupMPU | None = None
         self._thread: GossipThread | None = None
         self.weights: Weights | None = None  # what gossip mixes: the optimizer's (fp32 master) weights
         self.staging: Staging | None = None  # its buffers to the host and back, made once (comm/staging.py)
@@ -101,11 +73,6 @@ class ADPSGDStrategy(Strategy):
 
     def gossip_ranks(self) -> list[int] | None:
         return list(range(self.layout.world_size))  # all learners gossip
-
-    def mpu(self):
-        if self._mpu is None:
-            self._mpu = GroupMPU(self.groups, self.layout.rank, self.data_parallel_size)
-        return self._mpu
 
     def _lost_needed(self) -> list[int]:
         return []  # any learner can be lost without stopping this one

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from comm.distributed import ProcessGroups
+from comm.distributed import GroupMPU, ProcessGroups
 from comm.layout import ProcessLayout
 from comm.link import EmulatedLink
 from comm.membership import Membership
@@ -62,6 +62,7 @@ class Strategy:
         self.members = Membership(layout.rank, layout.world_size)
         self.boundary_bytes = 0.0  # bytes this learner sent across a node boundary (counted with a link only)
         self._groups: ProcessGroups | None = None
+        self._mpu: GroupMPU | None = None
 
     # -- the process groups: every one built at once, from the layout (comm/distributed.py) ---------------------
     @property
@@ -86,8 +87,13 @@ class Strategy:
         return self._groups
 
     def mpu(self):
-        """What DeepSpeed treats as its data-parallel group; None means the whole world."""
-        return None
+        """What DeepSpeed treats as its data-parallel group: None for the whole world (SYNC, and every strategy in a
+        world of one learner, where the groups are the world)."""
+        if self.data_parallel_size == self.layout.world_size:
+            return None
+        if self._mpu is None:
+            self._mpu = GroupMPU(self.groups, self.layout.rank, self.data_parallel_size)
+        return self._mpu
 
     # -- the hooks ------------------------------------------------------------------------------------------------
     def attach(self, engine) -> None:

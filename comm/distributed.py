@@ -116,6 +116,33 @@ class ProcessGroups:
         return cls(data, model, gossip)
 
 
+class GroupMPU:
+    """What DeepSpeed's `mpu` argument needs, over the groups built from the layout (ProcessGroups):
+    data-parallel groups of `unit` consecutive ranks (1: every learner alone, ADPSGD; the learners of a node,
+    HYBRID); the model-parallel group is the learner alone."""
+
+    def __init__(self, groups: ProcessGroups, rank: int, unit: int):
+        self.groups, self.data_rank, self.data_size = groups, rank % unit, unit
+
+    def get_data_parallel_group(self):
+        return self.groups.data
+
+    def get_data_parallel_rank(self) -> int:
+        return self.data_rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.data_size
+
+    def get_model_parallel_group(self):
+        return self.groups.model
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+
 class LiveGroup:
     """A gloo group of some learners, built by them alone (the others may be gone) from the rendezvous store
     under a prefix of its own. Not torch's new_group(..., use_local_synchronization=True): that names a group

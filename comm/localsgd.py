@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from comm.adpsgd import GroupMPU
 from comm.base import Strategy
 from comm.gossip import flatten
 from comm.sync import emulate_ring_allreduce
@@ -69,7 +68,6 @@ class LocalSGDStrategy(Strategy):
             value = self.conf[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"comm.{key} must be an integer >= {least}, got {value!r}")
-        self._mpu: GroupMPU | None = None
         self.weights: Weights | None = None
         self.averager: PeriodicModelAverager | None = None
         self._engine = None
@@ -81,11 +79,6 @@ class LocalSGDStrategy(Strategy):
     @property
     def data_parallel_size(self) -> int:
         return 1
-
-    def mpu(self):
-        if self._mpu is None:
-            self._mpu = GroupMPU(self.groups, self.layout.rank, self.data_parallel_size)
-        return self._mpu
 
     def attach(self, engine) -> None:
         super().attach(engine)

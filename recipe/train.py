@@ -323,11 +323,11 @@ class Trainer:
 
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
-        log.info("strategy=%s learners=%d nodes=%d global_batch=%d node_batch=%d steps/epoch=%d epochs=%s params=%d "
-                 "threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes, self.global_batch,
-                 self.node_batch, self.steps_per_epoch, self.epochs if self.conf.optim.schedule == "fixed" else
-                 f"newbob (at most {self.max_epochs})", count_parameters(self.engine.module),
-                 torch.get_num_threads())
+        epochs = self.epochs if self.conf.optim.schedule == "fixed" else f"newbob (at most {self.max_epochs})"
+        log.info("strategy=%s learners=%d nodes=%d device=%s global_batch=%d node_batch=%d steps/epoch=%d epochs=%s "
+                 "params=%d threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes,
+                 self.engine.device, self.global_batch, self.node_batch, self.steps_per_epoch, epochs,
+                 count_parameters(self.engine.module), torch.get_num_threads())
 
     def log_step(self, epoch: int, progress: float, totals: EpochTotals, step, frames_per_s: float) -> None:
         """Every train.log_interval micro batches, learner 0: a log line and the TensorBoard curves."""

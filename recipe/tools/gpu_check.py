@@ -1,42 +1,66 @@
-"""One short, prepared check for a lent GPU: the CUDA/NCCL path and the paper-sized model's throughput.
+"""The measurements of a lent GPU, in one process: what the hardware gives the recipe's models, and what gossip
+costs the step.
 
-    python -m recipe.tools.gpu_check [--size paper] [--steps 300] [--out gpu_check.json]
+    python -m recipe.tools.gpu_check [--smoke] [--seconds 2] [--out gpu_check.json]
 
-In one call, as a world of one learner (NCCL on CUDA; gloo where there is no GPU):
-  1. SYNC: the paper-sized model (recipe/conf/paper.yaml: 6 x 512 BLSTM, 256 bottleneck, 32,000 outputs)
-     in a DeepSpeed engine configured by ds_configs/tuning/sync_bf16.json, trained with frame-level cross
-     entropy on random 21-frame chunks of 260-dim input (the paper's shape; 64 chunks per micro batch from the
-     JSON): loss at the start and the end, and training frames/s after warm-up;
-  2. the ADPSGD gossip staging path: a snapshot of the fp32 master weights to pinned host memory and a delta
-     added back on the device, as every gossip round does (comm/gossip.py HostStaging): milliseconds per
-     exchange and GB/s (before 2026-12-04 it timed a plain pageable copy of the module's weights instead);
-  3. a gossip merge on the bf16 engine, from a simulated peer (NCCL refuses two learners on one GPU): added to
-     DeepSpeed's fp32 master weights as comm/weights.py does, it must survive the next optimizer step (at
-     learning rate 0) and be what the module computes with (DESIGN.md §9.15).
-Prints one JSON object and writes it to --out. Without a GPU the same code runs on the CPU (--size tiny keeps
-it to seconds); tests/test_gpu_check.py runs it that way so the script cannot rot between GPU loans.
+As a world of one learner (NCCL on CUDA; gloo where there is no GPU), each in a DeepSpeed engine built as the
+recipe builds it (recipe/lib/engine.py: the recipe's fused optimizer, bf16 LSTM weights packed for cuDNN):
+  1. throughput: training frames/s and model FLOP utilization (MFU: the model's matrix FLOPs, 3x the forward's,
+     over the device's dense peak for the precision) of
+       - the paper's model (recipe/conf/paper.yaml, 43M parameters): frame CE on 21-frame chunks of 260 dims,
+         64, 256 and 1,024 chunks a step (the follow-up trained 768 a learner),
+       - the default model (recipe/conf/default.yaml): CTC on 3-second utterances of 120 dims, 8, 32 and 128 a
+         step,
+     in fp32, TF32, bf16 and fp16, with whether the LSTM's weights were packed (one cuDNN buffer);
+  2. gossip on the step's path: the paper's model in bf16 trained with a gossip thread that runs a round after
+     every step against a peer answering at once (the staging, copies to the host and back and the merge of
+     comm/staging.py, without the network), against the same steps without gossip: ms per step both ways and
+     per round;
+  3. a gossip merge into the bf16 engine's fp32 masters survives the next optimizer step and reaches the module
+     (DESIGN.md §9.15).
+Prints one JSON object and writes it to --out. --smoke runs every part on tiny models in seconds, on the CPU
+too (fp32 and bf16 there: DeepSpeed refuses fp16 on the CPU and TF32 is a GPU mode); tests/test_gpu_check.py
+runs it that way so the script cannot rot between GPU loans. recipe/tools/gpu_check.sh runs it on a bare GPU
+machine together with the recipe end to end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from comm.gossip import GossipThread, flatten
 from comm.weights import Weights
 
-REPO = Path(__file__).resolve().parents[2]
-SIZES = {  # model settings: the paper's, and a tiny one for the CPU test
-    "paper": {"input_dim": 260, "output_dim": 32000, "layers": 6, "hidden": 512, "bottleneck": 256},
-    "tiny": {"input_dim": 260, "output_dim": 500, "layers": 1, "hidden": 32, "bottleneck": 16},
+CHUNK = 21  # frames per chunk of the paper's frame CE
+UTTERANCE = 300  # frames per utterance for CTC (3 s)
+MODELS = {  # name -> model settings, objective, micro batches (chunks or utterances)
+    "paper": ({"input_dim": 260, "output_dim": 32000, "layers": 6, "hidden": 512, "bottleneck": 256}, "ce",
+              (64, 256, 1024)),
+    "default": ({"input_dim": 120, "output_dim": 32, "layers": 3, "hidden": 192, "stack": 2}, "ctc", (8, 32, 128)),
 }
-CHUNK = 21  # frames per training chunk (the paper's)
+SMOKE = {
+    "paper": ({"input_dim": 260, "output_dim": 500, "layers": 1, "hidden": 32, "bottleneck": 16}, "ce", (4, 8)),
+    "default": ({"input_dim": 120, "output_dim": 32, "layers": 1, "hidden": 16, "stack": 2}, "ctc", (2, 4)),
+}
+PRECISIONS = {  # name -> DeepSpeed settings, TF32 allowed
+    "fp32": ({}, False),
+    "tf32": ({}, True),
+    "bf16": ({"bf16": {"enabled": True}}, True),
+    "fp16": ({"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}, True),
+}
+PEAK_TFLOPS = {  # dense peaks of the SXM parts by precision (NVIDIA's data sheets; sparsity not counted)
+    "H100": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+}
 
 
 def synchronize() -> None:
@@ -44,74 +68,189 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def train_throughput(engine, steps: int, warmup: int, micro: int, dims: dict) -> dict:
-    from recipe.lib.engine import backward
+def training_flops_per_frame(dims: dict) -> float:
+    """Matrix FLOPs of one input frame, forward and backward (3x the forward's multiply-adds x 2)."""
+    hidden, stack, directions = dims["hidden"], dims.get("stack", 1), 2
+    forward, width = 0.0, dims["input_dim"] * stack
+    for _ in range(dims["layers"]):
+        forward += directions * 2 * 4 * hidden * (width + hidden) / stack  # one LSTM step covers `stack` frames
+        width = directions * hidden
+    if dims.get("bottleneck"):
+        forward += 2 * width * dims["bottleneck"] / stack
+        width = dims["bottleneck"]
+    forward += 2 * width * dims["output_dim"] / stack
+    return 3 * forward
 
-    device, dtype = engine.device, next(engine.module.parameters()).dtype
-    g = torch.Generator(device="cpu").manual_seed(0)
-    feats = torch.randn(micro, CHUNK, dims["input_dim"], generator=g).to(device, dtype)
-    targets = torch.randint(0, dims["output_dim"], (micro, CHUNK), generator=g).to(device)
-    lengths = torch.full((micro,), CHUNK, device=device)
+
+def make_batch(objective: str, micro: int, dims: dict, device) -> tuple[dict, int]:
+    """A random batch of the objective's shape -> (batch for train_step, input frames)."""
+    g = torch.Generator().manual_seed(0)
+    frames = CHUNK if objective == "ce" else UTTERANCE
+    batch = {"feats": torch.randn(micro, frames, dims["input_dim"], generator=g),
+             "lengths": torch.full((micro,), frames)}
+    if objective == "ce":
+        batch["frame_targets"] = torch.randint(0, dims["output_dim"], (micro, frames), generator=g)
+    else:
+        tokens = 30
+        batch["targets"] = torch.randint(1, dims["output_dim"], (micro * tokens,), generator=g)
+        batch["target_lengths"] = torch.full((micro,), tokens)
+    return {k: v.to(device) for k, v in batch.items()}, micro * frames
+
+
+def build(dims: dict, micro: int, precision: str):
+    """The recipe's engine (SYNC, a world of one) for a model and precision."""
+    from omegaconf import OmegaConf
+
+    from comm import ProcessLayout, build_strategy
+    from model.lstm import LSTMAcousticModel
+    from recipe.lib.engine import build_engine, make_optimizer
+
+    settings, tf32 = PRECISIONS[precision]
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(0)
+    model = LSTMAcousticModel(**dims)
+    optim = OmegaConf.create({"name": "adam", "weight_decay": 0.0, "momentum": 0.0})
+    config = {"train_micro_batch_size_per_gpu": micro, "gradient_clipping": 5.0, **settings}
+    return build_engine(model, make_optimizer(optim, model.parameters(), 1e-3), config,
+                        build_strategy({"strategy": "sync"}, ProcessLayout.from_env()))
+
+
+def lstm_packed(engine) -> bool:
+    """Whether the LSTM's weights share one buffer (what cuDNN runs on without copying them at every call)."""
+    lstm = engine.module.lstm
+    storages = {w.untyped_storage().data_ptr() for w in lstm._flat_weights}
+    return len(storages) == 1
+
+
+def timed_steps(engine, strategy, batch: dict, seconds: float, least: int, warmup: int, between=None) -> dict:
+    """Train steps on one batch for about `seconds` after `warmup` -> steps, ms per step, first and last loss."""
+    from recipe.lib.engine import train_step
+
     losses = []
-    for step in range(warmup + steps):
-        if step == warmup:
-            synchronize()
-            t0 = time.perf_counter()
-        logits, _ = engine(feats, lengths)  # (B, 21, V)
-        loss = F.cross_entropy(logits.float().reshape(-1, dims["output_dim"]), targets.reshape(-1))
-        backward(engine, loss)  # fp16's loss scale as the recipe applies it
-        engine.step()
-        if step in (0, warmup + steps - 1):
-            losses.append(loss.item())
+    for _ in range(warmup):
+        losses.append(train_step(engine, strategy, batch).loss)
+        if between:
+            between()
+    synchronize()
+    t0, steps = time.perf_counter(), 0
+    while steps < least or time.perf_counter() - t0 < seconds:
+        losses.append(train_step(engine, strategy, batch).loss)
+        if between:
+            between()
+        steps += 1
     synchronize()
     wall = time.perf_counter() - t0
-    return {"train_steps": steps, "micro_batch_chunks": micro, "train_frames_per_s": steps * micro * CHUNK / wall,
-            "step_ms": 1000 * wall / steps, "loss_first": losses[0], "loss_last": losses[-1]}
+    return {"steps": steps, "step_ms": 1000 * wall / steps, "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def staging_cost(masters: list[torch.Tensor], repeats: int = 10) -> dict:
-    """The gossip thread's staging path itself (comm/gossip.py HostStaging, on the fp32 master weights it
-    mixes): a snapshot into pinned host memory on its own stream, and a pinned delta added back."""
-    from comm.gossip import HostStaging, add_flat
+def throughput(models: dict, precisions: list[str], seconds: float, least: int, warmup: int, peak: dict | None):
+    rows = []
+    for name, (dims, objective, micros) in models.items():
+        for precision in precisions:
+            for micro in micros:
+                row = {"model": name, "objective": objective, "precision": precision, "micro_batch": micro}
+                try:
+                    engine = build(dims, micro, precision)
+                    batch, frames = make_batch(objective, micro, dims, engine.device)
+                    timing = timed_steps(engine, NoStrategy(), batch, seconds, least, warmup)
+                    fps = frames / (timing["step_ms"] / 1000)
+                    tflops = fps * training_flops_per_frame(dims) / 1e12
+                    row.update(timing, frames_per_s=fps, model_tflops=tflops, lstm_packed=lstm_packed(engine),
+                               mfu=tflops / peak[precision] if peak else None)
+                    del engine, batch
+                except Exception as err:  # one configuration that fails (memory, a kernel) is reported, not fatal
+                    row["error"] = f"{type(err).__name__}: {err}"[:500]
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
 
-    staging = HostStaging(masters)
-    delta = staging.to_pinned(torch.zeros(sum(p.numel() for p in masters)))
-    synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        snapshot = staging.snapshot()  # device -> host, fp32
-        add_flat(masters, delta)  # host -> device, added in place
-    synchronize()
-    seconds = (time.perf_counter() - t0) / repeats
-    return {"staging_ms_per_exchange": 1000 * seconds,
-            "staging_gb_per_s": 2 * snapshot.numel() * 4 / seconds / 1e9}  # both directions
+
+class NoStrategy:
+    """A strategy's hooks doing nothing, for train_step."""
+
+    def step_lock(self):
+        return contextlib.nullcontext()
+
+    def after_step(self, engine) -> None:
+        pass
 
 
-def merge_survives_a_step(engine, dims: dict, micro: int) -> dict:
-    """A peer's delta merged into the master weights, then one optimizer step at lr 0: -> how far the masters
-    are from the merged weights (0: kept) and the module's parameters from the masters (bf16 rounding)."""
-    from comm.gossip import add_flat, flatten
+class LoopbackGossip(GossipThread):
+    """A gossip thread whose peer answers at once with the weights it was sent: each round stages the weights
+    to the host, 'exchanges' them and merges a (zero) delta, as a real round does, without the network."""
 
+    def _send_receive(self, r, peer, outgoing, incoming):
+        incoming.copy_(outgoing)
+
+
+class GossipStrategy(NoStrategy):
+    def __init__(self, engine):
+        self.lock = threading.Lock()
+        self.thread = LoopbackGossip(Weights(engine).masters, lambda r: 0, None, self.lock, period=1).start()
+
+    def step_lock(self):
+        return self.lock
+
+    def after_step(self, engine) -> None:
+        self.thread.apply_pending()
+        self.thread.step_done()
+
+    def close(self) -> dict:
+        self.thread.stop(self.thread.pause(), timeout=60)
+        return {"rounds": self.thread.rounds_started, "round_ms": 1000 * self.thread.stats.exchange_seconds /
+                max(self.thread.rounds_started, 1)}
+
+
+def gossip_cost(dims: dict, micro: int, precision: str, seconds: float, least: int, warmup: int) -> dict:
+    """The same steps without gossip and with a round after every step, arms interleaved twice."""
+    engine = build(dims, micro, precision)
+    batch, _ = make_batch("ce", micro, dims, engine.device)
+    arms = {"off": [], "on": []}
+    rounds = {}
+    for _ in range(2):
+        arms["off"].append(timed_steps(engine, NoStrategy(), batch, seconds, least, warmup)["step_ms"])
+        gossip = GossipStrategy(engine)
+        arms["on"].append(timed_steps(engine, gossip, batch, seconds, least, warmup)["step_ms"])
+        rounds = gossip.close()
+    off, on = min(arms["off"]), min(arms["on"])
+    return {"precision": precision, "micro_batch": micro, "step_ms_gossip_off": off, "step_ms_gossip_on": on,
+            "gossip_on_over_off": on / off, **rounds}
+
+
+def merge_survives_a_step(dims: dict, micro: int) -> dict:
+    """A peer's delta merged into the bf16 engine's masters, then one optimizer step at lr 0: -> how far the
+    masters are from the merged weights (0: kept) and the module's parameters from the masters (bf16 rounding)."""
+    from comm.staging import Staging
+
+    engine = build(dims, micro, "bf16")
     weights = Weights(engine)
     merged = flatten(weights.masters) + 0.5
-    add_flat(weights.masters, torch.full_like(merged, 0.5))
+    Staging(weights.masters).add(torch.full_like(merged, 0.5))
     weights.publish()
     for group in engine.optimizer.param_groups:
         group["lr"] = 0.0
-    train_throughput(engine, steps=1, warmup=0, micro=micro, dims=dims)
-    masters = flatten(weights.masters)
-    module = flatten(weights.params)
-    dtype = next(engine.module.parameters()).dtype
+    batch, _ = make_batch("ce", micro, dims, engine.device)
+    timed_steps(engine, NoStrategy(), batch, 0.0, 1, 0)
+    masters, module = flatten(weights.masters), flatten(weights.params)
     return {"merge_kept_max_error": float((masters - merged).abs().max()),
-            "module_vs_masters_max_error": float((module - masters.to(dtype).float()).abs().max())}
+            "module_vs_masters_max_error": float((module - masters.bfloat16().float()).abs().max())}
+
+
+def environment() -> dict:
+    import deepspeed
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "device_name": name, "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=sorted(SIZES), default="paper")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--ds-config", default=str(REPO / "ds_configs" / "tuning" / "sync_bf16.json"))
+    p.add_argument("--smoke", action="store_true", help="tiny models, a few steps: the whole path in seconds")
+    p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per configuration")
     p.add_argument("--out", default="gpu_check.json")
     a = p.parse_args(argv)
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
@@ -120,32 +259,23 @@ def main(argv=None) -> int:
         from recipe.tools.local_learners import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
-
-    import deepspeed
     import torch.distributed as dist
 
-    from comm import ProcessLayout, build_strategy, init_distributed
-    from model.lstm import LSTMAcousticModel, count_parameters
-    from recipe.lib.ds_config import load_ds_config
-    from recipe.lib.engine import build_engine
+    from comm import init_distributed
 
     init_distributed()
-    engine_conf, comm_conf = load_ds_config(a.ds_config)
-    strategy = build_strategy(comm_conf, ProcessLayout.from_env())
-    dims = SIZES[a.size]
-    torch.manual_seed(0)
-    model = LSTMAcousticModel(**dims)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    engine = build_engine(model, optimizer, engine_conf, strategy)
-    result = {"date": time.strftime("%Y-%m-%d"), "device": str(engine.device),
-              "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "backend": dist.get_backend(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-              "size": a.size, "params": count_parameters(engine.module),
-              "dtype": str(next(engine.module.parameters()).dtype),
-              **train_throughput(engine, a.steps, a.warmup, engine_conf["train_micro_batch_size_per_gpu"], dims),
-              **staging_cost(Weights(engine).masters),
-              **merge_survives_a_step(engine, dims, engine_conf["train_micro_batch_size_per_gpu"])}
-    if torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    models = SMOKE if a.smoke else MODELS
+    seconds, least, warmup = (0.0, 2, 1) if a.smoke else (a.seconds, 5, 3)
+    env = environment()
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in env["device_name"]), None)
+    precisions = list(PRECISIONS) if gpu else ["fp32", "bf16"]
+    result = {**env, "backend": dist.get_backend(), "smoke": a.smoke, "peak_tflops": peak,
+              "throughput": throughput(models, precisions, seconds, least, warmup, peak)}
+    dims, _, micros = models["paper"]
+    result["gossip"] = gossip_cost(dims, micros[0], "bf16", seconds, least, warmup)
+    result["merge"] = merge_survives_a_step(dims, micros[0])
+    if gpu:
         result["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
     print(json.dumps(result, indent=1))
     Path(a.out).write_text(json.dumps(result, indent=1))
