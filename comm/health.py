@@ -17,6 +17,12 @@ a gossip exchange that fails asks `confirm_lost(peer)` (the peer's heartbeat sto
 marked dropped, for good, in the store), and at every epoch's end the learners `check_in`: a learner that has
 not checked in and whose heartbeat stands still is dropped instead. Every learner's fate is settled by one
 compare-and-set in the store, so all survivors see the same members and run their collectives over them.
+
+HYBRID's node mates cannot step without each other. On gloo a dead mate fails the node's next collective at
+once; a frozen one (or any mate on NCCL) leaves it blocked until the collective timeout, and its heartbeat
+would keep the node alive to the others meanwhile. So the heartbeat thread also watches the learners named by
+`leave_without`: once one of them has stood still for twice `stall_s` (the failed collective's own path,
+which waits `stall_s`, decides first where there is one), this learner leaves the run wherever it is.
 """
 
 from __future__ import annotations
@@ -53,18 +59,21 @@ class Heartbeat:
         self.store = store("health/")
         self._where: Callable[[], str] = lambda: f"on learner {rank}"
         self._diagnosing = threading.Event()  # the main thread is on it: the watchdog stands aside
+        self._needed: tuple[list[int], float] = ([], 0.0)  # leave_without(): mates, and how long they may stand
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
         beats, lost_seen_at, failing_since = 0, None, None
+        needed_seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last beat, when it last changed)
         while not self._stop.wait(self.interval_s):
             try:
                 self.store.set(f"heartbeat/{self.rank}", str(beats))
                 beats += 1
                 if lost_seen_at is None and self.store.check([LOST_KEY]):
                     lost_seen_at = time.monotonic()
+                self._leave_if_needed_gone(needed_seen)
                 failing_since = None
             except Exception:  # a store hiccup: keep beating, or the others would take this learner for lost
                 failing_since = failing_since or time.monotonic()
@@ -78,6 +87,27 @@ class Heartbeat:
                     with contextlib.suppress(Exception):
                         self.store.add(ANSWERED_KEY, 1)
                     os._exit(1)
+
+    def leave_without(self, ranks: list[int], stall_s: float) -> None:
+        """From now on, leave the run (exit 0, LeftBehind) once one of `ranks` has stood still for 2 x stall_s."""
+        self._needed = (list(ranks), 2 * stall_s)
+
+    def _leave_if_needed_gone(self, seen: dict[int, tuple[bytes | None, float]]) -> None:
+        ranks, limit = self._needed
+        now, gone = time.monotonic(), []
+        for r in ranks:
+            beat = self._beat_of(r)
+            if r not in seen or seen[r][0] != beat:
+                seen[r] = (beat, now)
+            elif now - seen[r][1] > limit:
+                gone.append(r)
+        if gone:
+            for r in gone:
+                self._drop(r, limit)
+            print(f"LeftBehind: learner(s) {gone} gone (heartbeat still for {limit:.0f} s), found {self._where()}; "
+                  f"learner {self.rank} cannot step without them and leaves the run; the others go on",
+                  file=sys.stderr, flush=True)
+            os._exit(0)  # wherever the main thread is: a collective with the gone learner would block it
 
     def _beat_of(self, rank: int) -> bytes | None:
         key = f"heartbeat/{rank}"

@@ -11,8 +11,10 @@ the node adds the same delta. The replicas stay bit-identical.
 With an emulated inter-node link (comm/link.py) every leader exchange lasts as long as on that link.
 
 A lost learner (comm.on_lost_learner = "continue"): its node cannot step without it (DeepSpeed's group is
-broken), so its node mates find it gone when their next node collective fails and leave the run
-(LeftBehind, comm/health.py); to the other nodes the whole node is then lost, and ADPSGD's machinery drops it.
+broken), so its node mates leave the run (LeftBehind, comm/health.py): at once when their next node collective
+fails (gloo, a dead mate), or once its heartbeat has stood still for 2 x comm.lost_after_s where the collective
+would block instead (a frozen mate; NCCL). To the other nodes the whole node is then lost, and ADPSGD's
+machinery drops it.
 The node of learner 0, which serves the rendezvous store, cannot be lost.
 """
 
@@ -55,13 +57,20 @@ class HybridStrategy(ADPSGDStrategy):
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.node_rank, round_) * self.layout.local_size
 
+    def _mates(self) -> list[int]:
+        first = self.layout.node_rank * self.layout.local_size
+        return [r for r in range(first, first + self.layout.local_size) if r != self.layout.rank]
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        if self.members.goes_on:  # a frozen mate, or any lost mate on NCCL, blocks a node collective: leave anyway
+            self.heartbeat.leave_without(self._mates(), self.conf["lost_after_s"])
+
     def _lost_needed(self) -> list[int]:
         """After a node collective failed: the learners of this node that are gone ([]: a real error)."""
         if not self.members.goes_on:
             return []
-        first = self.layout.node_rank * self.layout.local_size
-        mates = [r for r in range(first, first + self.layout.local_size) if r != self.layout.rank]
-        return [r for r in mates if self._confirm_lost(r)]
+        return [r for r in self._mates() if self._confirm_lost(r)]
 
     def _merge(self) -> None:
         """Every learner of the node adds the same delta at the same step boundary."""

@@ -205,3 +205,17 @@ def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_
     assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
     assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()
     assert "lost learners" in text and "[2] in epoch 1; 3 went on" in text  # stage 5's report says so
+
+
+def test_hybrid_goes_on_without_the_node_of_a_frozen_learner(tiny_exp, tmp_path, capfd):
+    # learner 3 freezes at its 2nd batch: its node mate 2 waits in a node allreduce that a frozen peer never fails
+    # (as NCCL's never fails for a dead one) and leaves once 3's heartbeat has stood still for 2 x 5 s, not after
+    # the collective timeout (600 s); node 0 goes on alone, long before 3 is killed (40 s)
+    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 3, "hang_at_step": 2, "frozen_s": 40}, "--nodes", "2",
+                   ds="hybrid.json")
+    assert out[2] is None and out[3] is None and all(isinstance(m, dict) for m in out[:2]), out
+    assert out[0]["lost_learners"] == [2, 3]
+    log = train_log(exp)
+    assert log[-1]["lost_learners"] == [2, 3] and log[-1]["wall_s"] < 30, [r["epoch_wall_s"] for r in log]
+    err = capfd.readouterr().err
+    assert "LeftBehind: learner(s) [3] gone (heartbeat still for 10 s), found on learner 2 in epoch" in err, err
