@@ -258,10 +258,13 @@ class GossipThread:
             req.wait()
 
     def pause(self) -> int:
-        """No new round starts after this; -> rounds started so far (to agree on the last one)."""
+        """No new round starts after this; -> the rounds this thread needs (to agree on the last one): those
+        started so far, and one more when a step came after the last one started. Without it that step's
+        update reached no peer (the last snapshot missed it, or the compute thread paused before this thread
+        started the round the step allowed), and the learner ended the epoch half a step from the others."""
         with self._cond:
             self._paused = True
-            return self.rounds_started
+            return self.rounds_started + (1 if self._steps > 0 else 0)
 
     def stop(self, last_round: int, timeout: float | None = None) -> None:
         """Run on to exactly `last_round` rounds (agreed by all learners) and end the thread; what arrived is
