@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from comm.base import Strategy
-from comm.distributed import ProcessGroups, collective_timeout, store
+from comm.distributed import collective_timeout, store
 from comm.gossip import EXCHANGE_DTYPES, GossipStats, GossipThread, flatten
 from comm.membership import Membership
 from comm.staging import Staging
@@ -115,10 +115,12 @@ class ADPSGDStrategy(Strategy):
                 window = batches[start: start + accumulation]
                 size = sum(len(b) for b in window)
                 taken = counter.add(key, size)
-                if taken - size >= total:
+                done = taken - size
+                if done >= total:
                     return
-                for j, batch in enumerate(window):
-                    yield batch, min(1.0, (taken - size + sum(len(b) for b in window[: j + 1])) / total)
+                for batch in window:
+                    done += len(batch)
+                    yield batch, min(1.0, done / total)
 
     def _peer(self, round_: int) -> int:
         return self.schedule.peer(self.layout.rank, round_)
