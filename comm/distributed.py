@@ -35,7 +35,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
     learner that it never unlinks: every run leaves them behind in RAM (a few dozen test runs filled 22 GB), the
     compile needs a C++ toolchain, and learners starting together race each other's compile in the shared
     extension cache. The op serves only DeepSpeed's inference_all_reduce, which training never calls, so it is
-    marked unavailable here and DeepSpeed uses plain gloo."""
+    marked unavailable here and DeepSpeed uses plain gloo.
+
+    Where a node runs more learners than it has GPUs, they share them and talk gloo (gpus_shared)."""
     import deepspeed
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
@@ -47,7 +49,7 @@ def init_distributed(timeout_s: float | None = None) -> None:
     global _collective_timeout
     timeout = _collective_timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None \
         else default_pg_timeout
-    backend = accelerator.communication_backend_name()
+    backend = world_backend(accelerator.communication_backend_name())
     global _store
     if not dist.is_initialized():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -66,6 +68,25 @@ def init_distributed(timeout_s: float | None = None) -> None:
 
 _collective_timeout = datetime.timedelta(minutes=10)
 _store: dist.Store | None = None
+
+
+def gpus_shared(env=os.environ) -> bool:
+    """Whether this node runs more learners than it has GPUs (several learners on one GPU, as a test of the
+    multi-learner strategies on a machine with one): they share the GPUs round robin (learner_device) and talk
+    gloo, since NCCL refuses two ranks on one GPU."""
+    local = int(env.get("LOCAL_SIZE", env.get("LOCAL_WORLD_SIZE", 1)))
+    return torch.cuda.is_available() and local > torch.cuda.device_count()
+
+
+def world_backend(accelerators: str, env=os.environ) -> str:
+    """The world's backend: the accelerator's (NCCL on GPUs, gloo on the CPU), gloo where learners share a GPU."""
+    return "gloo" if accelerators == "nccl" and gpus_shared(env) else accelerators
+
+
+def learner_device(env=os.environ) -> int:
+    """This learner's accelerator index: its local rank, modulo the GPUs where learners share them."""
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    return local_rank % torch.cuda.device_count() if gpus_shared(env) else local_rank
 
 
 def shutdown_distributed() -> None:

@@ -1,7 +1,7 @@
 """What only a GPU run would show, checked on the CPU: the strategies' hooks with the weights on another device
 than the code might assume (the meta device, where a CPU tensor meeting the weights fails as it would on a GPU),
-ADPSGD's whole accumulation windows, and the settings a cluster needs
-(bf16 reductions in fp32, gloo's interface)."""
+ADPSGD's whole accumulation windows, and the settings a GPU or a cluster needs (bf16 reductions in fp32, gloo's
+interface, learners sharing a GPU)."""
 
 from __future__ import annotations
 
@@ -118,3 +118,19 @@ def test_gloo_talks_over_the_interface_towards_the_rendezvous():
         address = _ipv4_address(name)
         if address is not None and not address.startswith("127."):
             assert interface_towards(address) == name
+
+
+@pytest.mark.parametrize("gpus, local_rank, backend, device", [
+    (0, 1, "gloo", 1),  # the CPU: gloo, DeepSpeed's own device choice
+    (2, 1, "nccl", 1),  # a GPU per learner: NCCL, the learner's own
+    (1, 1, "gloo", 0),  # two learners on one GPU: they share it and talk gloo
+])
+def test_learners_share_the_gpus_where_a_node_has_fewer_than_learners(monkeypatch, gpus, local_rank, backend,
+                                                                      device):
+    from comm.distributed import learner_device, world_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    env = {"LOCAL_RANK": str(local_rank), "LOCAL_SIZE": "2"}
+    assert world_backend("nccl" if gpus else "gloo", env) == backend
+    assert learner_device(env) == device

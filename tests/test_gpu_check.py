@@ -1,6 +1,6 @@
 """recipe/tools/gpu_check.sh, the check kept for a lent GPU, run on the CPU with --smoke so that it keeps working
 between loans: every part of it (the throughput table, gossip's cost, the merge through a bf16 step, the
-recipe end to end for SYNC and LOCALSGD) on tiny models."""
+recipe end to end for one learner and for HYBRID's two nodes) on tiny models."""
 
 from __future__ import annotations
 
@@ -44,5 +44,5 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):
     # a gossip merge into the bf16 engine's fp32 masters survives the next step, and the module computes with it
     assert result["merge"] == {"merge_kept_max_error": 0.0, "module_vs_masters_max_error": 0.0}
     summary = (tmp_path / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["sync", "localsgd"]
+    assert [line.split(":")[0] for line in summary] == ["sync, 1 learner(s)", "hybrid, 2 learner(s)"]
     assert all("exit 0 CER" in line and "device=cpu" in line for line in summary), summary

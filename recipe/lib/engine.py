@@ -7,10 +7,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
 
+from comm.distributed import learner_device
 from comm.weights import Weights
 from model.lstm import ctc_loss, frame_ce_loss
 from recipe.lib.config import for_strategy
@@ -72,7 +74,9 @@ def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, engin
     import deepspeed
 
     initial = [p.detach().clone() for p in model.parameters()]  # fp32, before DeepSpeed casts the module
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_conf, mpu=strategy.mpu())
+    on = SimpleNamespace(device_rank=learner_device())  # DeepSpeed's choice (the local rank), unless GPUs are shared
+    engine, *_ = deepspeed.initialize(args=on, model=model, optimizer=optimizer, config=engine_conf,
+                                      mpu=strategy.mpu())
     undo_hidden_step(engine, initial)
     pack_rnn_weights(engine)
     strategy.attach(engine)

@@ -10,9 +10,10 @@
 #      lacks (.whl/), and the recipe itself, editable; run.sh then finds the venv it expects;
 #   1. python -m recipe.tools.gpu_check: frames/s and MFU by model, precision and micro batch; gossip's cost to the
 #      step; a merge kept through a bf16 step (OUT/gpu_check.json);
-#   2. the recipe end to end on CUDA, one learner on NCCL: stages 1-4 of run.sh for SYNC and for LOCALSGD (one
-#      epoch of the built-in corpus each, its CER in OUT/summary.txt); ADPSGD and HYBRID need two learners,
-#      which one GPU cannot hold on NCCL (the open part of the GPU issue).
+#   2. the recipe end to end on CUDA: stages 1-4 of run.sh, one epoch of the built-in corpus each, its CER in
+#      OUT/summary.txt: SYNC with one learner on NCCL, then two learners sharing the GPU (gloo between them, as
+#      NCCL refuses two ranks on one GPU: comm/distributed.py gpus_shared) for SYNC, ADPSGD, HYBRID (2 nodes of
+#      1) and LOCALSGD.
 # Every log lands in OUT (default: $OUT where the device tool sets it, else gpu_check_out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,24 +58,27 @@ if [ "$smoke" = true ]; then smoke_flag=--smoke; else smoke_flag=; fi
 PYTHONUNBUFFERED=1 timeout 360 "$py" -m recipe.tools.gpu_check $smoke_flag --out "$out/gpu_check.json"
 
 step "2 the recipe end to end"
-# a corpus small enough for the time: 1,000 training and 100 held-out utterances (the smoke: 40 and 8)
+# a corpus small enough for the time: 1,000 training and 100 held-out utterances; the smoke: 40 and 8, a tiny
+# model, and two of the runs (the 1-learner path and the 2-node one)
+runs=("sync 1 1" "sync 2 1" "adpsgd 2 1" "hybrid 2 2" "localsgd 2 1")  # strategy, learners, nodes
+corpus=(data.synth_train=1000 data.synth_test=100)
 if [ "$smoke" = true ]; then
+  runs=("sync 1 1" "hybrid 2 2")
   corpus=(data.synth_train=40 data.synth_test=8 model.layers=1 model.hidden=32)
-else
-  corpus=(data.synth_train=1000 data.synth_test=100)
 fi
 plan=(optim.schedule=fixed train.epochs=1 train.min_updates=0)
 : > "$out/summary.txt"
-for strategy in sync localsgd; do
-  exp="exp/gpu_check/$strategy"
+for run in "${runs[@]}"; do
+  read -r strategy learners nodes <<< "$run"
+  exp="exp/gpu_check/$strategy-$learners"
   port=$("$py" -c 'from recipe.tools.local_learners import free_port; print(free_port())')
-  timeout 240 ./run.sh --stage 1 --stop-stage 4 --exp "$exp" --learners 1 --ds-config "ds_configs/$strategy.json" \
-    --master-port "$port" \
-    "${corpus[@]}" "${plan[@]}" > "$out/run_$strategy.log" 2>&1
+  timeout 240 ./run.sh --stage 1 --stop-stage 4 --exp "$exp" --learners "$learners" --nodes "$nodes" \
+    --ds-config "ds_configs/$strategy.json" --master-port "$port" "${corpus[@]}" "${plan[@]}" \
+    > "$out/run_$strategy-$learners.log" 2>&1
   code=$?
   scores=$("$py" -c 'import json, sys; s = json.load(open(sys.argv[1]))
 print("CER %.2f%% WER %.2f%%" % (100 * s["cer"], 100 * s["wer"]))' "$exp/decode/scores.json" 2>/dev/null)
-  echo "$strategy: exit $code ${scores:-no scores} $(grep -o 'device=[^ ]*' "$exp/log/stage-3.log" | head -1)" \
-    | tee -a "$out/summary.txt"
+  device=$(grep -o 'device=[^ ]*' "$exp/log/stage-3.log" | head -1)
+  echo "$strategy, $learners learner(s): exit $code ${scores:-no scores} $device" | tee -a "$out/summary.txt"
 done
 step "done"
