@@ -60,6 +60,7 @@ class Heartbeat:
         self._where: Callable[[], str] = lambda: f"on learner {rank}"
         self._diagnosing = threading.Event()  # the main thread is on it: the watchdog stands aside
         self._needed: tuple[list[int], float] = ([], 0.0)  # leave_without(): mates, and how long they may stand
+        self._reported: set[int] = set()  # the learners this one dropped and said so
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
@@ -123,9 +124,12 @@ class Heartbeat:
         return {r for r in range(self.world_size) if self.store.check([f"dropped/{r}"])}
 
     def _drop(self, rank: int, stall_s: float) -> None:
+        """Mark `rank` dropped for good; the learner that marks it first says so, once (later check-ins find it
+        again every epoch: until stop 34 they said it again)."""
         mark = f"by {self.rank}".encode()
-        if self.store.compare_set(f"dropped/{rank}", "", mark) != mark:
-            return  # another learner dropped it first, and said so
+        if rank in self._reported or self.store.compare_set(f"dropped/{rank}", "", mark) != mark:
+            return  # said already, or another learner dropped it first and said so
+        self._reported.add(rank)
         print(f"LearnerLost: learner {rank} of {self.world_size} is gone (heartbeat still for {stall_s:.0f} s), "
               f"found {self._where()}; the others go on without it", file=sys.stderr, flush=True)
 

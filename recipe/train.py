@@ -44,13 +44,13 @@ from comm.health import Heartbeat, LeftBehind
 from model.lstm import count_parameters
 from recipe.evaluate import evaluate, rates
 from recipe.lib.board import Board
-from recipe.lib.config import ConfigError, for_strategy, load_config
+from recipe.lib.config import ConfigError, for_strategy, load_config, overridden
 from recipe.lib.dataset import BucketBatchSampler
 from recipe.lib.ds_config import load_ds_config
 from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
 from recipe.lib.experiment import Experiment
 from recipe.lib.progress import progress_bar
-from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, planned_epochs
+from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs
 from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
@@ -179,8 +179,9 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
                              f"{self.accum} accumulations")
-        self.epochs = planned_epochs(self.conf.train, self.steps_per_epoch)  # fixed; newbob anneals no earlier
-        self.max_epochs = self.epochs if self.conf.optim.schedule == "fixed" else self.conf.train.max_epochs
+        self.plan = plan_epochs(self.conf.train, self.conf.optim.schedule, self.steps_per_epoch,
+                                epochs_given=overridden(self.args.overrides, "train.epochs"))
+        self.epochs, self.max_epochs = self.plan.epochs, self.plan.max_epochs  # newbob: anneals no earlier
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -323,11 +324,12 @@ class Trainer:
 
     # -- reporting -----------------------------------------------------------------------------------------------
     def log_start(self) -> None:
-        epochs = self.epochs if self.conf.optim.schedule == "fixed" else f"newbob (at most {self.max_epochs})"
-        log.info("strategy=%s learners=%d nodes=%d device=%s global_batch=%d node_batch=%d steps/epoch=%d epochs=%s "
-                 "params=%d threads=%d", self.strategy.name, self.layout.world_size, self.layout.nodes,
-                 self.engine.device, self.global_batch, self.node_batch, self.steps_per_epoch, epochs,
-                 count_parameters(self.engine.module), torch.get_num_threads())
+        log.info("strategy=%s learners=%d nodes=%d device=%s global_batch=%d node_batch=%d params=%d threads=%d",
+                 self.strategy.name, self.layout.world_size, self.layout.nodes, self.engine.device,
+                 self.global_batch, self.node_batch, count_parameters(self.engine.module), torch.get_num_threads())
+        log.info("plan: %s", self.plan.describe(self.conf.optim.schedule))
+        if self.plan.warning:
+            log.warning("%s", self.plan.warning)
 
     def log_step(self, epoch: int, progress: float, totals: EpochTotals, step, frames_per_s: float) -> None:
         """Every train.log_interval micro batches, learner 0: a log line and the TensorBoard curves."""
@@ -345,9 +347,10 @@ class Trainer:
         warning = no_learning(record, record["epoch"] * self.steps_per_epoch)
         if warning and record["epoch"] > self.conf.optim.warmup_epochs:  # during the warm-up, no news
             log.warning("%s", warning)
-        if record.get("lost_learners"):
-            log.warning("learner(s) %s lost; %d of %d learners go on", record["lost_learners"],
-                        len(self.strategy.members.live), self.layout.world_size)
+        before = self.state.history[-2].get("lost_learners", []) if len(self.state.history) > 1 else []
+        if record.get("lost_learners", []) != before:  # said in the epoch it happened, not every epoch after
+            log.warning("learner(s) %s lost in epoch %d; %d of %d learners go on", record["lost_learners"],
+                        record["epoch"], len(self.strategy.members.live), self.layout.world_size)
 
     def metrics(self) -> dict:
         last, engine_conf = self.state.history[-1], self.engine_conf

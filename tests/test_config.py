@@ -8,9 +8,9 @@ import pytest
 
 from comm import ProcessLayout, build_strategy
 from comm.layout import LayoutError
-from recipe.lib.config import ConfigError, for_strategy, load_config
+from recipe.lib.config import ConfigError, for_strategy, load_config, overridden
 from recipe.lib.ds_config import load_ds_config
-from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, planned_epochs
+from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs
 from tests.conftest import REPO
 
 
@@ -194,7 +194,23 @@ def test_newbob_does_not_end_a_run_whose_loss_jumped_at_the_peak_rate_and_is_fal
 
 def test_a_small_corpus_or_a_large_batch_gets_enough_updates():
     train = load_config(None, ["train.min_updates=700", "train.max_epochs=30"]).train
-    assert planned_epochs(train, 187) == 4  # the built-in corpus, 3,000 utterances at a global batch of 16
-    assert planned_epochs(train, 59) == 12  # 948 utterances
-    assert planned_epochs(train, 12) == 30  # at most max_epochs
-    assert planned_epochs(load_config(None, ["train.epochs=6", "train.min_updates=0"]).train, 59) == 6  # fixed
+    assert plan_epochs(train, "fixed", 187).epochs == 4  # the built-in corpus, 3,000 utterances, global batch 16
+    assert plan_epochs(train, "fixed", 59).epochs == 12  # 948 utterances
+    assert plan_epochs(train, "fixed", 12).epochs == 30  # at most max_epochs
+    assert plan_epochs(load_config(None, ["train.epochs=6", "train.min_updates=0"]).train, "fixed", 59).epochs == 6
+
+
+def test_the_start_line_states_the_plan_and_honors_an_epoch_count_given():
+    train = load_config(None, []).train  # the defaults: 4 epochs, 700 updates, at most 40
+    default = plan_epochs(train, "newbob", 187)  # the built-in corpus
+    assert default.describe("newbob") == ("187 updates an epoch; epochs: at least 4, at most 40 (train.max_epochs), "
+                                          "by train.epochs=4; newbob ends it when the held-out loss stops improving")
+    small = plan_epochs(train, "newbob", 25)  # 400 utterances: min_updates raises the epochs, and says so
+    assert (small.epochs, small.max_epochs, small.warning) == (28, 40, None)
+    assert "by train.min_updates=700 (train.epochs=4 would make 100 updates)" in small.describe("newbob")
+    given = plan_epochs(load_config(None, ["train.epochs=1"]).train, "newbob", 25, epochs_given=True)
+    assert (given.epochs, given.max_epochs) == (1, 1)  # exactly as given, under newbob too
+    assert given.describe("newbob").startswith("25 updates an epoch; epochs: exactly 1, by train.epochs=1 as given")
+    assert given.warning.startswith("train.epochs=1 makes 25 optimizer updates, fewer than train.min_updates=700")
+    assert overridden(["model.hidden=8", "train.epochs=1"], "train.epochs")
+    assert not overridden(["train.epochs_x=1"], "train.epochs")

@@ -21,6 +21,8 @@ def test_run_sh_trains_and_reports(tmp_path):
 
     log = train_log(exp)
     assert [r["epoch"] for r in log] == [1, 2, 3, 4]
+    # the start line states the plan: the epochs given on the command line, exactly (TINY's fixed schedule)
+    assert "plan: 6 updates an epoch; epochs: exactly 4, by train.epochs=4 as given; fixed schedule" in out.stdout
     assert log[-1]["train_loss"] < 0.7 * log[0]["train_loss"]  # the loss falls
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
     metrics = json.loads((exp / "metrics.json").read_text())

@@ -190,7 +190,7 @@ class TrainConf:
     # ... enough epochs for this many optimizer updates: a small corpus or a large global batch gets the updates
     # CTC needs to leave its all-blank plateau (700: the built-in corpus's 4 epochs make 748; ACCURACY.md sec. 5)
     min_updates: int = 700
-    max_epochs: int = 40  # ... but no more than this many (recipe/lib/schedule.py planned_epochs)
+    max_epochs: int = 40  # ... but no more than this many (recipe/lib/schedule.py plan_epochs)
     max_minutes: Optional[float] = None  # either schedule: no epoch starts after this much training time
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
@@ -271,6 +271,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def overridden(overrides: list[str] | tuple[str, ...], key: str) -> bool:
+    """Whether the command line's key=value overrides set `key` (a value the user gave, to honor as given)."""
+    return any(o.split("=", 1)[0].strip() == key for o in overrides)
 
 
 def validate(cfg: DictConfig) -> None:

@@ -4,11 +4,14 @@ The rate is a function of global progress (epochs done, fractional) and of the e
 that a resumed run and a run with a different number of learners follow the same curve. Two schedules decide
 that epoch and when training ends (`optim.schedule`):
 
-- fixed: `planned_epochs` epochs, annealing over their second half (the paper's study compares strategies at a
+- fixed: `plan_epochs` epochs, annealing over their second half (the paper's study compares strategies at a
   fixed number of epochs);
 - newbob (Kaldi nnet1's schedule, with patience): the peak rate for as long as the held-out loss improves,
   then annealing every epoch, and the end once it has stopped improving; how long that takes follows from the
   corpus, not from an epoch count tuned on another one.
+
+A `train.epochs` given on the command line is what trains, under either schedule (newbob then decides only
+when to anneal); the start line states the plan in numbers (`EpochPlan.describe`).
 """
 
 from __future__ import annotations
@@ -44,12 +47,43 @@ def learning_rate(optim, global_batch: int, epoch: int, done: float, anneal_from
     return lr
 
 
-def planned_epochs(train, updates_per_epoch: int) -> int:
+@dataclass
+class EpochPlan:
+    """How long training runs, and why: the start line says it in these numbers."""
+
+    epochs: int  # fixed: exactly this many; newbob: never fewer
+    max_epochs: int  # newbob's cap (fixed: epochs)
+    updates_per_epoch: int
+    reason: str  # the setting that decided `epochs`
+    warning: str | None = None  # a budget given that is likely too short, said once at the start
+
+    def describe(self, schedule: str) -> str:
+        length = f"exactly {self.epochs}" if self.max_epochs == self.epochs else \
+            f"at least {self.epochs}, at most {self.max_epochs} (train.max_epochs)"
+        how = "fixed schedule" if schedule == "fixed" else "newbob ends it when the held-out loss stops improving"
+        return (f"{self.updates_per_epoch} updates an epoch; epochs: {length}, by {self.reason}; {how}")
+
+
+def plan_epochs(train, schedule: str, updates_per_epoch: int, epochs_given: bool = False) -> EpochPlan:
     """train.epochs, or more when that many epochs make fewer than train.min_updates optimizer updates (a small
     corpus, a large global batch: CTC needs a number of updates to leave its all-blank plateau), at most
-    train.max_epochs."""
-    needed = math.ceil(train.min_updates / max(updates_per_epoch, 1))
-    return max(train.epochs, min(train.max_epochs, needed))
+    train.max_epochs; newbob may go on to train.max_epochs. A train.epochs the user gave on the command line
+    (epochs_given) is what trains, under either schedule: min_updates then only warns."""
+    epochs, updates = train.epochs, max(updates_per_epoch, 1)
+    if epochs_given:
+        warning = None
+        if epochs * updates < train.min_updates:
+            warning = (f"train.epochs={epochs} makes {epochs * updates} optimizer updates, fewer than "
+                       f"train.min_updates={train.min_updates} (CTC may not leave its all-blank plateau); it trains "
+                       f"{epochs} as given (train.min_updates=0 silences this)")
+        return EpochPlan(epochs, epochs, updates, f"train.epochs={epochs} as given", warning)
+    needed = min(train.max_epochs, math.ceil(train.min_updates / updates))
+    reason = f"train.epochs={epochs}"
+    if needed > epochs:
+        reason = (f"train.min_updates={train.min_updates} (train.epochs={epochs} would make {epochs * updates} "
+                  f"updates{'; capped by train.max_epochs' if needed == train.max_epochs else ''})")
+    planned = max(epochs, needed)
+    return EpochPlan(planned, planned if schedule == "fixed" else train.max_epochs, updates, reason)
 
 
 def fixed_anneal_start(optim, epochs: int) -> int:
