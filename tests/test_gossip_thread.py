@@ -56,12 +56,15 @@ class SlowEchoGossip(EchoGossip):
 def test_a_step_after_the_last_round_started_gets_a_round_of_its_own():
     weights, lock = [torch.zeros(10)], threading.Lock()
     thread = SlowEchoGossip(weights, lambda r: 1, None, lock, period=1).start()
-    for _ in range(3):  # three steps while the first round's exchange is still in flight
+    weights[0].add_(1.0)
+    thread.step_done()  # the first step lets the first round start ...
+    deadline = time.monotonic() + 5
+    while thread.rounds_started == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for _ in range(2):  # ... and two more come while its exchange is in flight
         weights[0].add_(1.0)
         thread.step_done()
-    time.sleep(0.05)
-    started = thread.rounds_started
     last = thread.pause()
-    assert last == started + 1, (started, last)  # was: started, and the last steps reached no peer
+    assert last == 2, last  # was 1: the round started before those steps, and they reached no peer
     thread.stop(last, timeout=5)
     assert thread.rounds_started == last
