@@ -151,6 +151,15 @@ def lm_used(conf) -> str | None:
     return f"{conf.lm_order}-gram of the training transcripts (lm.arpa)" if conf.lm_order else None
 
 
+def decode_settings(conf) -> dict:
+    """The decode section as scores.json records it: without decode.lm_order where decode.lm_arpa replaced the
+    recipe's own LM (the file's order applies, not that setting)."""
+    settings = OmegaConf.to_container(conf)
+    if conf.lm_arpa:
+        settings["lm_order"] = None
+    return settings
+
+
 def beam_decoder(conf, train_text: Path, out: Path, tokens: list[str]) -> Callable | None:
     """The configured beam search (None: greedy) over the tokens; its LM: the user's ARPA file, or one trained on
     the training transcripts and saved as ARPA."""
@@ -238,7 +247,7 @@ def decode_heldout(model: torch.nn.Module, data: CTCDataset, batches: list[list[
     errs.txt of the configured decoder into out -> its scores, with greedy's beside them."""
     totals, decoded = evaluate(model, data, batches, exp.tokens, on_batch=advancer(bar, "greedy", batches))
     result = {"utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
-              "decode": OmegaConf.to_container(conf), "lm": lm_used(conf)}
+              "decode": decode_settings(conf), "lm": lm_used(conf)}
     beam = beam_decoder(conf, exp.data_dir("train") / "text", out, exp.tokens)
     if beam is not None:
         t0 = time.perf_counter()

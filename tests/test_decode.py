@@ -272,9 +272,10 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
     assert lm.score([], "dog") == pytest.approx((-0.3 - 2.0) * math.log(10))  # unknown: backoff(<s>) + p(<unk>)
     assert not (tmp_path / "out" / "lm.arpa").exists()  # nothing trained
-    from recipe.evaluate import lm_used
+    from recipe.evaluate import decode_settings, lm_used
 
     assert lm_used(conf) == str(tmp_path / "lm.arpa")  # what scores.json records, not decode.lm_order's 3
+    assert decode_settings(conf)["lm_order"] is None and decode_settings(load_config(None, []).decode)["lm_order"] == 3
     assert lm_used(load_config(None, []).decode) == "3-gram of the training transcripts (lm.arpa)"
     assert lm_used(load_config(None, ["decode.beam=0", "decode.lm_order=0"]).decode) is None  # greedy: no LM
     with pytest.raises(ConfigError, match="decode.lm_arpa: .*nowhere.arpa: no such file"):

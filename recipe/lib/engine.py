@@ -35,13 +35,14 @@ class SkippableStep:
     keeps its counters."""
 
     _skip = False
+    skips = 0  # steps skipped so far (train_step compares it around engine.step())
 
     def skip_next_step(self) -> None:
         self._skip = True
 
     def step(self, closure=None):
         if self._skip:
-            self._skip = False
+            self._skip, self.skips = False, self.skips + 1
             return None
         return super().step(closure)
 
@@ -187,18 +188,18 @@ def train_step(engine, strategy, batch: dict) -> Step:
     loss = batch_loss(logits, out_lengths, batch)
     backward(engine, loss)
     boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
-    skipped_before, scale = engine.skipped_steps, grads_scale(engine)  # both before step() changes them
+    skips_before = engine.skipped_steps, getattr(engine.optimizer, "skips", 0)  # DeepSpeed's, the recipe's
+    scale = grads_scale(engine)  # before step() changes it
     mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
     norm = gradient_norm(engine.module) if boundary and not mixed else None
-    skip = norm is not None and not math.isfinite(norm)
-    if skip:  # DeepSpeed's step() still runs (clipping, zero_grad, counters); the update does not
-        engine.optimizer.skip_next_step()
-    with strategy.step_lock():
+    if norm is not None and not math.isfinite(norm):  # DeepSpeed's step() still runs (clipping, zero_grad,
+        engine.optimizer.skip_next_step()  # counters); the update does not
+    with strategy.step_lock():  # LOCALSGD's warm-up may skip it too: the average of the gradients is not finite
         engine.step()
     if not boundary:
         return Step(loss.item(), None, None)
     strategy.after_step(engine)
     if norm is None and engine.get_global_grad_norm() is not None:
         norm = engine.get_global_grad_norm() / scale
-    return Step(loss.item(), not (skip or engine.skipped_steps > skipped_before),
-                None if norm is None else float(norm))
+    skipped = (engine.skipped_steps, getattr(engine.optimizer, "skips", 0)) != skips_before
+    return Step(loss.item(), not skipped, None if norm is None else float(norm))
