@@ -50,7 +50,7 @@ from recipe.lib.ds_config import load_ds_config
 from recipe.lib.engine import experiment_engine, threads_per_learner, train_step
 from recipe.lib.experiment import Experiment
 from recipe.lib.progress import progress_bar
-from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs
+from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs, resumed_plan
 from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
@@ -91,6 +91,7 @@ class TrainState:
     skipped_steps: int = 0
     history: list[dict] = field(default_factory=list)  # the training log's records, one per epoch
     anneal_from: int | None = None  # the schedule's first annealed epoch, once decided
+    planned_epochs: int | None = None  # the plan's epochs (EpochPlan), kept by a resume with another layout
     stop: str | None = None  # why training ended early (newbob, train.max_minutes)
 
     def state_dict(self) -> dict:
@@ -206,6 +207,10 @@ class Trainer:
                 self.load_state_dict(checkpoint)
                 self.epoch = self.state.epoch + 1
                 log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
+                self.plan = resumed_plan(self.plan, self.state.planned_epochs,
+                                         overridden(self.args.overrides, "train.epochs"))
+                self.epochs, self.max_epochs = self.plan.epochs, self.plan.max_epochs
+        self.state.planned_epochs = self.epochs
         if self.conf.optim.schedule == "fixed":  # from the config, also when a resumed run has other epochs
             self.state.anneal_from = fixed_anneal_start(self.conf.optim, self.epochs)
         if self.is_main:  # the log holds exactly the epochs of the checkpoint being continued

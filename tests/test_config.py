@@ -10,7 +10,7 @@ from comm import ProcessLayout, build_strategy
 from comm.layout import LayoutError
 from recipe.lib.config import ConfigError, for_strategy, load_config, overridden
 from recipe.lib.ds_config import load_ds_config
-from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs
+from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_epochs, resumed_plan
 from tests.conftest import REPO
 
 
@@ -214,3 +214,15 @@ def test_the_start_line_states_the_plan_and_honors_an_epoch_count_given():
     assert given.warning.startswith("train.epochs=1 makes 25 optimizer updates, fewer than train.min_updates=700")
     assert overridden(["model.hidden=8", "train.epochs=1"], "train.epochs")
     assert not overridden(["train.epochs_x=1"], "train.epochs")
+
+
+def test_a_resume_with_another_layout_keeps_the_plan_it_continues():
+    train = load_config(None, []).train
+    before = plan_epochs(train, "fixed", 25)  # 28 epochs at 25 updates an epoch (min_updates)
+    now = plan_epochs(train, "fixed", 12)  # resumed with twice the learners: 40 (min_updates, capped)
+    kept = resumed_plan(now, before.epochs, epochs_given=False)
+    assert (kept.epochs, kept.max_epochs) == (28, 28) and "the run resumed (28 epochs; this layout" in kept.reason
+    assert resumed_plan(now, None, False) == now  # a checkpoint from before stop 34: as planned now
+    given = plan_epochs(load_config(None, ["train.epochs=30"]).train, "fixed", 12, epochs_given=True)
+    assert resumed_plan(given, 28, epochs_given=True) == given  # the user's train.epochs wins
+

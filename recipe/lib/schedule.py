@@ -17,7 +17,7 @@ when to anneal); the start line states the plan in numbers (`EpochPlan.describe`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def scaled_lr(optim, global_batch: int, replicas: int = 1) -> float:
@@ -84,6 +84,20 @@ def plan_epochs(train, schedule: str, updates_per_epoch: int, epochs_given: bool
                   f"updates{'; capped by train.max_epochs' if needed == train.max_epochs else ''})")
     planned = max(epochs, needed)
     return EpochPlan(planned, planned if schedule == "fixed" else train.max_epochs, updates, reason)
+
+
+def resumed_plan(plan: EpochPlan, planned_before: int | None, epochs_given: bool) -> EpochPlan:
+    """The plan of a resumed run: the one of the run it continues (`planned_before`, from the checkpoint), which
+    set where annealing starts, unless the user gave train.epochs now. A resume with another number of learners
+    changes the updates an epoch and so what train.min_updates alone would plan: until stop 34 it moved the
+    annealing."""
+    if planned_before is None or epochs_given or planned_before == plan.epochs:
+        return plan
+    fixed = plan.max_epochs == plan.epochs
+    return replace(plan, epochs=planned_before,
+                   max_epochs=planned_before if fixed else max(planned_before, plan.max_epochs),
+                   reason=f"the run resumed ({planned_before} epochs; this layout alone would plan {plan.epochs} "
+                          f"by {plan.reason})")
 
 
 def fixed_anneal_start(optim, epochs: int) -> int:
