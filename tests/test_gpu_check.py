@@ -43,6 +43,7 @@ def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):
     assert gossip["rounds"] >= 2 and gossip["step_ms_gossip_on"] > 0 and gossip["step_ms_gossip_off"] > 0
     # a gossip merge into the bf16 engine's fp32 masters survives the next step, and the module computes with it
     assert result["merge"] == {"merge_kept_max_error": 0.0, "module_vs_masters_max_error": 0.0}
+    assert "H200 compute rate measured: " in (tmp_path / "projection.txt").read_text()
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == ["sync, 1 learner(s)", "hybrid, 2 learner(s)"]
     assert all("exit 0 CER" in line and "device=cpu" in line for line in summary), summary

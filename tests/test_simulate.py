@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ from recipe.tools.simulate import (
     Workload,
     estimate,
     exchange_s,
+    measured_rate,
     paper_table,
     projection,
     ring_allreduce_s,
@@ -160,3 +162,17 @@ def test_the_paper_comparison_and_projection_are_computed_not_written_down():
     # past SYNC's batch limit, more learners stop helping it; ADPSGD keeps gaining
     assert table["sync"][2].total_h > 0.5 * table["sync"][1].total_h
     assert table["adpsgd"][2].total_h < 0.5 * table["adpsgd"][1].total_h
+
+
+def test_the_h200_rate_can_come_from_a_gpu_check(tmp_path):
+    rows = [{"model": "paper", "precision": p, "micro_batch": m, "frames_per_s": f}
+            for p, m, f in (("bf16", 64, 50_000.0), ("bf16", 256, 200_000.0), ("fp32", 64, 40_000.0))]
+    rows.append({"model": "paper", "precision": "bf16", "micro_batch": 1024, "error": "OutOfMemoryError"})
+    check = tmp_path / "gpu_check.json"
+    check.write_text(json.dumps({"device_name": "NVIDIA H200", "date": "2026-12-08 10:00", "throughput": rows}))
+    rate, source = measured_rate(check)  # 128 chunks a learner: 64 and 256 are as near; the smaller is taken
+    assert rate == 50_000.0 and source.startswith("measured: 50,000 frames/s, bf16, 64 chunks a step, NVIDIA H200")
+    assert measured_rate(check, chunks=300)[0] == 200_000.0
+    slow, fast = (projection("H200", sizes=(64,), rate=r)["adpsgd"][0].total_h for r in (50_000.0, 200_000.0))
+    assert 3 < slow / fast < 4.2  # compute-bound: about 4x the rate, about a quarter of the hours
+

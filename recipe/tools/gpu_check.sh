@@ -9,7 +9,8 @@
 #   0. .venv over that python (--system-site-packages: its torch stays), the carried wheels of what the image
 #      lacks (.whl/), and the recipe itself, editable; run.sh then finds the venv it expects;
 #   1. python -m recipe.tools.gpu_check: frames/s and MFU by model, precision and micro batch; gossip's cost to the
-#      step; a merge kept through a bf16 step (OUT/gpu_check.json);
+#      step; a merge kept through a bf16 step (OUT/gpu_check.json); the scaling model's projection with the
+#      measured rate (OUT/projection.txt);
 #   2. the recipe end to end on CUDA: stages 1-4 of run.sh, one epoch of the built-in corpus each, its CER in
 #      OUT/summary.txt: SYNC with one learner on NCCL, then two learners sharing the GPU (gloo between them, as
 #      NCCL refuses two ranks on one GPU: comm/distributed.py gpus_shared) for SYNC, ADPSGD, HYBRID (2 nodes of
@@ -56,6 +57,8 @@ py=.venv/bin/python
 step "1 throughput, gossip, merge"
 if [ "$smoke" = true ]; then smoke_flag=--smoke; else smoke_flag=; fi
 PYTHONUNBUFFERED=1 timeout 360 "$py" -m recipe.tools.gpu_check $smoke_flag --out "$out/gpu_check.json"
+# the scaling model's projection with the compute rate just measured (recipe/tools/simulate.py)
+"$py" -m recipe.tools.simulate project --gpu-check "$out/gpu_check.json" > "$out/projection.txt" 2>&1
 
 step "2 the recipe end to end"
 # a corpus small enough for the time: 1,000 training and 100 held-out utterances; the smoke: 40 and 8, a tiny

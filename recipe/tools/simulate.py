@@ -37,12 +37,14 @@ machine and its check against the paper.
 
     python -m recipe.tools.simulate paper                  # the paper's runs, with every assumed figure printed
     python -m recipe.tools.simulate project [--out DIR]    # 8..512 learners per strategy, P100/V100/H200 figures
+    python -m recipe.tools.simulate project --gpu-check OUT/gpu_check.json   # the H200 rate as measured there
     python -m recipe.tools.calibrate [--work DIR]         # measure here, predict 1, 2, 4 learners, compare
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -211,14 +213,15 @@ PAPER_ASSUMPTIONS = [
 ]
 
 
-def gpu_cluster(gpu: str, learners: int, per_node: int | None = None) -> Cluster:
-    rate, intra, inter, staging, g = {
+def gpu_cluster(gpu: str, learners: int, per_node: int | None = None, rate: float | None = None) -> Cluster:
+    """A cluster of `gpu`s at the assumed figures above; rate: a measured compute rate (frames/s) instead."""
+    assumed, intra, inter, staging, g = {
         "P100": (19_048, Link(160, 10), Link(80, 5), Link(96, 10), 4),
         "V100": (19_048 * 15.7 / 9.3, Link(400, 10), Link(80, 5), Link(96, 10), 4),
         "H200": (127_000, Link(3600, 5), Link(400, 5), Link(400, 5), 8),
     }[gpu]
     g = min(per_node or g, learners)
-    return Cluster(learners, g, rate, intra, inter, staging, merge_s=staging.seconds(
+    return Cluster(learners, g, rate or assumed, intra, inter, staging, merge_s=staging.seconds(
         PAPER_MODEL["params"] * 4))
 
 
@@ -245,14 +248,28 @@ def per_learner_chunks(strategy: str, learners: int, base: int = 128) -> float:
     return min(base, GLOBAL_BATCH_LIMIT[strategy] / learners)
 
 
-def projection(gpu: str, sizes=(8, 16, 32, 64, 128, 256, 512)) -> dict[str, list[Estimate | None]]:
+def measured_rate(gpu_check: Path, chunks: int = 128) -> tuple[float, str]:
+    """The paper model's bf16 training frames/s in a recipe/tools/gpu_check.py output, at the measured micro
+    batch nearest `chunks` (the projection's per-learner batch; a tie takes the smaller) -> (rate, its source)."""
+    result = json.loads(gpu_check.read_text())
+    rows = [r for r in result["throughput"] if r["model"] == "paper" and r["precision"] == "bf16" and
+            "frames_per_s" in r]
+    if not rows:
+        raise SystemExit(f"{gpu_check}: no bf16 throughput of the paper's model in it")
+    row = min(rows, key=lambda r: (abs(r["micro_batch"] - chunks), r["micro_batch"]))
+    return row["frames_per_s"], (f"measured: {row['frames_per_s']:,.0f} frames/s, bf16, {row['micro_batch']} chunks "
+                                 f"a step, {result['device_name']}, {result['date']} ({gpu_check})")
+
+
+def projection(gpu: str, sizes=(8, 16, 32, 64, 128, 256, 512), rate: float | None = None) \
+        -> dict[str, list[Estimate | None]]:
     """Hours per strategy and size, the global batch held at the strategy's limit; None where the strategy
-    does not apply (HYBRID on a single node)."""
+    does not apply (HYBRID on a single node). rate: the GPU's compute rate as measured, instead of assumed."""
     table: dict[str, list[Estimate | None]] = {}
     for s in STRATEGIES:
         table[s] = []
         for n in sizes:
-            cluster = gpu_cluster(gpu, n)
+            cluster = gpu_cluster(gpu, n, rate=rate)
             work = Workload(**{**PAPER_MODEL, "frames_per_step": 21 * per_learner_chunks(s, n)})
             table[s].append(estimate(s, cluster, work) if s != "hybrid" or cluster.nodes > 1 else None)
     return table
@@ -267,9 +284,13 @@ def print_paper() -> None:
         print(f"{what:<52} {model_h:10.1f} {reported_h:13.1f} {model_h / reported_h:15.2f}")
 
 
-def print_projection(out: Path | None) -> None:
+def print_projection(out: Path | None, gpu_check: Path | None = None) -> None:
     sizes = (8, 16, 32, 64, 128, 256, 512)
-    tables = {gpu: projection(gpu, sizes) for gpu in ("V100", "H200")}
+    h200 = None
+    if gpu_check is not None:
+        h200, source = measured_rate(gpu_check)
+        print(f"H200 compute rate {source}, in place of the assumed {gpu_cluster('H200', 1).frames_per_s:,.0f}")
+    tables = {gpu: projection(gpu, sizes, rate=h200 if gpu == "H200" else None) for gpu in ("V100", "H200")}
     for gpu, table in tables.items():
         print(f"\n{gpu}: hours for {PAPER_MODEL['epochs']} epochs of SWB2000 (paper-sized model, assumptions "
               f"above; global batch capped at {GLOBAL_BATCH_LIMIT} chunks)")
@@ -308,11 +329,12 @@ def main(argv=None) -> int:
     sub.add_parser("paper", help="the paper's runs: the model against the reported hours")
     proj = sub.add_parser("project", help="8 to 512 learners per strategy, V100 and H200")
     proj.add_argument("--out", default=None, help="folder for projection.png")
+    proj.add_argument("--gpu-check", default=None, help="a gpu_check.json: the H200's compute rate as measured")
     a = p.parse_args(argv)
     if a.command == "paper":
         print_paper()
     else:
-        print_projection(Path(a.out) if a.out else None)
+        print_projection(Path(a.out) if a.out else None, Path(a.gpu_check) if a.gpu_check else None)
     return 0
 
 
