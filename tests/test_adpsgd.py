@@ -232,7 +232,8 @@ def stop_with_a_merge_pending(rank: int, world: int):
 
 def test_rounds_run_at_the_stop_exchange_the_weights_with_their_pending_merge():
     out = run_learners(stop_with_a_merge_pending, 2)
-    assert out[0]["rounds"] == 2
+    # 2, or 3 where learner 0's last step came after its round 1 started (that step then gets a round of its own)
+    assert out[0]["rounds"] in (2, 3)
     for o in out:  # one full average: 0 and 1 meet at 0.5 (a stale snapshot would leave 0.75 and 0.25)
         assert torch.equal(o["params"], torch.full((4,), 0.5))
 
