@@ -1,6 +1,6 @@
 """The strategy interface: what the training loop asks of a strategy around one DeepSpeed engine (DESIGN.md §4).
 
-    mpu()                    what DeepSpeed treats as its data-parallel group (None: the world)
+    mpu()                    what DeepSpeed treats as its data-parallel group
     attach(engine)           after deepspeed.initialize: learners start from the same weights
     batches(sampler, epoch, accumulation)  this learner's micro batches of an epoch, with the epoch's progress
     step_lock()              held around the optimizer step
@@ -87,10 +87,7 @@ class Strategy:
         return self._groups
 
     def mpu(self):
-        """What DeepSpeed treats as its data-parallel group: None for the whole world (SYNC, and every strategy in a
-        world of one learner, where the groups are the world)."""
-        if self.data_parallel_size == self.layout.world_size:
-            return None
+        """What DeepSpeed treats as its groups: ours, built with train.collective_timeout_s (ProcessGroups)."""
         if self._mpu is None:
             self._mpu = GroupMPU(self.groups, self.layout.rank, self.data_parallel_size)
         return self._mpu

@@ -117,21 +117,21 @@ class ProcessGroups:
     from the layout and the strategy's two choices: how many consecutive learners average gradients together
     (data_unit: the world for SYNC, 1 for ADPSGD, a node for HYBRID) and who gossips (gossip_ranks)."""
 
-    data: object | None  # DeepSpeed's data-parallel group; None: the world
-    model: object | None  # the learner alone (DeepSpeed's model-parallel group); None: not built (SYNC)
+    data: object  # DeepSpeed's data-parallel group: the world (SYNC), a node (HYBRID), the learner (ADPSGD)
+    model: object  # the learner alone (DeepSpeed's model-parallel group)
     gossip: object | None  # gloo, for the gossip thread only (DESIGN.md §9.6); None: no gossip
 
     @classmethod
     def build(cls, layout: ProcessLayout, data_unit: int, gossip_ranks: list[int] | None) -> "ProcessGroups":
-        if data_unit == layout.world_size:
-            data = model = None
-        else:
-            timeout = _collective_timeout
-            singles = [dist.new_group([r], timeout=timeout) for r in range(layout.world_size)]
-            units = singles if data_unit == 1 else [
-                dist.new_group(list(range(u * data_unit, (u + 1) * data_unit)), timeout=timeout)
-                for u in range(layout.world_size // data_unit)]
-            data, model = units[layout.rank // data_unit], singles[layout.rank]
+        """Every group with train.collective_timeout_s, SYNC's world too: left to DeepSpeed, its clone of the
+        world (deepspeed.utils.groups._clone_world_group) took torch's default timeout, 30 minutes on gloo, so a
+        frozen learner held SYNC's allreduce that long whatever the setting (until stop 34)."""
+        timeout = _collective_timeout
+        singles = [dist.new_group([r], timeout=timeout) for r in range(layout.world_size)]
+        units = singles if data_unit == 1 else [
+            dist.new_group(list(range(u * data_unit, (u + 1) * data_unit)), timeout=timeout)
+            for u in range(layout.world_size // data_unit)]
+        data, model = units[layout.rank // data_unit], singles[layout.rank]
         gossip = None if gossip_ranks is None else \
             dist.new_group(ranks=gossip_ranks, backend="gloo", timeout=_collective_timeout)
         return cls(data, model, gossip)

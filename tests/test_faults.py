@@ -114,11 +114,13 @@ def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd
 
 
 def test_a_frozen_learner_is_named_once_the_collective_timeout_expires(tiny_exp, tmp_path):
-    # its process is alive and its connections open, so nothing fails until train.collective_timeout_s
-    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3}, "train.collective_timeout_s=8")
+    # its process is alive and its connections open, so nothing fails until train.collective_timeout_s (8 s);
+    # it is killed only at 30 s, so the message must come from the timeout (a broken one would wait for the
+    # kill and name a reset connection instead)
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3, "frozen_s": 30}, "train.collective_timeout_s=8")
     assert out[1] is None
     assert out[0].startswith("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1"), out[0]
-    assert "last checkpoint: none yet" in out[0]
+    assert "last checkpoint: none yet" in out[0] and "timed out" in out[0].lower(), out[0]
 
 
 def test_a_learner_with_no_batch_in_an_epoch_still_ends_it(tiny_exp, tmp_path):
@@ -202,12 +204,17 @@ def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_
     # the launcher stops everyone when a learner exits non-zero; recipe/supervisor.py keeps that from happening
     exp, ds = prepare(tiny_exp, tmp_path, "adpsgd.json", die_at_step={"2": 1})
     out = run_recipe("--stage", "3", "--stop-stage", "5", "--exp", str(exp), "--learners", "4", "--ds-config",
-                     str(ds), *TINY, "train.epochs=2", timeout=300)
+                     str(ds), *TINY, "train.epochs=3", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
     assert "learner 2 (pid " in text and "was killed by SIGKILL; the others go on" in text, text[-3000:]
+    # its loss said once by the learner that dropped it, once in learner 0's log; no later epoch waits for it
+    assert text.count("LearnerLost: learner 2 of 4 is gone") == 1 and text.count("[2] lost in epoch") == 1, text
+    log = train_log(exp)
+    died = next(i for i, r in enumerate(log) if r["lost_learners"])
+    assert all(r["epoch_wall_s"] < 4 for r in log[died + 1:]), [r["epoch_wall_s"] for r in log]
     assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
-    assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()
+    assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-003.pt").exists()
     assert "lost learners" in text and "[2] in epoch 1; 3 went on" in text  # stage 5's report says so
 
 
