@@ -169,9 +169,11 @@ def gossip_with_a_faulty_peer(rank: int, world: int, fault: str):
         params.append(torch.zeros(2))
     if rank == 1 and fault == "beyond fp16":  # 65504 is fp16's largest: its own snapshot goes inf on the wire
         params[0][3] = 1e5
+    group = dist.new_group(backend="gloo")
     exchange_dtype = "fp16" if fault == "beyond fp16" else "fp32"
-    thread = GossipThread(params, lambda r: 1 - rank, dist.new_group(backend="gloo"), threading.Lock(),
-                          exchange_dtype=exchange_dtype).start()
+    first_round = 5 if rank == 1 and fault == "another round" else 0
+    thread = GossipThread(params, lambda r: 1 - rank, group, threading.Lock(), exchange_dtype=exchange_dtype,
+                          first_round=first_round).start()
     try:
         for _ in range(5):
             thread.step_done()  # a failed exchange surfaces here, at the next step
@@ -202,11 +204,15 @@ def test_weights_beyond_fp16_on_the_wire_are_not_merged_by_either_side():
     assert torch.equal(healthy["params"], torch.zeros(10)) and torch.isfinite(big["params"]).all()
 
 
-def test_a_peer_with_another_model_is_a_protocol_error_not_a_merge():
-    out = run_learners(gossip_with_a_faulty_peer, 2, "other model")
-    assert "GossipProtocolError" in out[0]["error"] and "expected 10 weights from learner 1" in out[0]["error"]
+@pytest.mark.parametrize("fault, header", [
+    ("other model", "got a header for round 0 from learner 1 with 12 weights"),
+    ("another round", "got a header for round 5 from learner 1 with 10 weights"),
+])
+def test_a_peer_with_another_model_is_a_protocol_error_not_a_merge(fault, header):
+    out = run_learners(gossip_with_a_faulty_peer, 2, fault)
+    assert "GossipProtocolError" in out[0]["error"], out[0]
+    assert "learner 0, round 0: expected 10 weights from learner 1, " + header in out[0]["error"], out[0]["error"]
     assert out[0]["at"] == "a step"  # not only at the epoch's end, while its partner waits
-    assert "with 12 weights" in out[0]["error"]
 
 
 def stop_with_a_merge_pending(rank: int, world: int):
