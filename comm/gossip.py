@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from comm.link import EmulatedLink
-from comm.staging import Staging, views
+from comm.staging import Staging
 
 EXCHANGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,12 +89,6 @@ def _watched(exchange: Callable[[], None], gone: Callable[[], bool] | None, peer
             raise PeerGone(peer)
     if failed:
         raise failed[0]
-
-
-def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """params += flat, where flat is the concatenation of all params (fp32, on any device)."""
-    with torch.no_grad():
-        torch._foreach_add_(params, views(flat.to(params[0].device, non_blocking=True), params))
 
 
 def flatten(params: list[torch.Tensor], dtype=torch.float32) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from comm.adpsgd import ADPSGDStrategy
 from comm.base import dealt_batches
 from comm.distributed import collective_device
-from comm.gossip import add_flat
+from comm.staging import add_flat
 from comm.layout import LayoutError
 
 

@@ -33,6 +33,12 @@ def views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def add_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """params += flat, where flat is the concatenation of all params (fp32, on any device)."""
+    with torch.no_grad():
+        torch._foreach_add_(params, views(flat.to(params[0].device, non_blocking=True), params))
+
+
 class Staging:
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
@@ -73,10 +79,10 @@ class Staging:
 
     def add(self, delta: torch.Tensor) -> None:
         """The compute thread, between steps: weights += delta (flat fp32, in host memory)."""
+        if not self.cuda:
+            add_flat(self.params, delta)
+            return
         with torch.no_grad():
-            if not self.cuda:
-                torch._foreach_add_(self.params, views(delta.to(self.device), self.params))
-                return
             compute = torch.cuda.current_stream(self.device)
             with torch.cuda.stream(self.stream):
                 self.stream.wait_event(self.merged)  # the last merge has read the device buffer
@@ -85,4 +91,3 @@ class Staging:
             compute.wait_event(self.uploaded)
             torch._foreach_add_(self.params, self._incoming_views)
             self.merged.record(compute)
-

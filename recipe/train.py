@@ -180,8 +180,8 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
                              f"{self.accum} accumulations")
-        self.plan = plan_epochs(self.conf.train, self.conf.optim.schedule, self.steps_per_epoch,
-                                epochs_given=overridden(self.args.overrides, "train.epochs"))
+        self.epochs_given = overridden(self.args.overrides, "train.epochs")  # honored as given, resumed or not
+        self.plan = plan_epochs(self.conf.train, self.conf.optim.schedule, self.steps_per_epoch, self.epochs_given)
         self.epochs, self.max_epochs = self.plan.epochs, self.plan.max_epochs  # newbob: anneals no earlier
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -207,8 +207,7 @@ class Trainer:
                 self.load_state_dict(checkpoint)
                 self.epoch = self.state.epoch + 1
                 log.info("resumed from %s (epoch %d)", checkpoint["path"], self.state.epoch)
-                self.plan = resumed_plan(self.plan, self.state.planned_epochs,
-                                         overridden(self.args.overrides, "train.epochs"))
+                self.plan = resumed_plan(self.plan, self.state.planned_epochs, self.epochs_given)
                 self.epochs, self.max_epochs = self.plan.epochs, self.plan.max_epochs
         self.state.planned_epochs = self.epochs
         if self.conf.optim.schedule == "fixed":  # from the config, also when a resumed run has other epochs

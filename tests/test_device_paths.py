@@ -15,7 +15,7 @@ import torch
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from comm import ProcessLayout, build_strategy
-from comm.gossip import add_flat
+from comm.staging import add_flat
 from comm.staging import Staging
 
 

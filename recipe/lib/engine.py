@@ -177,6 +177,11 @@ def grads_scale(engine) -> float:
     return float(engine.optimizer.loss_scale) if unfused else 1.0
 
 
+def skips(engine) -> tuple[int, int]:
+    """Steps skipped so far: by DeepSpeed's mixed-precision optimizer, and by the recipe's (SkippableStep)."""
+    return engine.skipped_steps, getattr(engine.optimizer, "skips", 0)
+
+
 def train_step(engine, strategy, batch: dict) -> Step:
     """One micro batch: forward, loss (CTC or frame CE), backward (DeepSpeed reduces as its group says), then
     the optimizer step or its skip, and the strategy's hook. A step with a non-finite gradient is skipped: in
@@ -188,7 +193,7 @@ def train_step(engine, strategy, batch: dict) -> Step:
     loss = batch_loss(logits, out_lengths, batch)
     backward(engine, loss)
     boundary = engine.is_gradient_accumulation_boundary()  # asked before step(), which moves to the next one
-    skips_before = engine.skipped_steps, getattr(engine.optimizer, "skips", 0)  # DeepSpeed's, the recipe's
+    skips_before = skips(engine)
     scale = grads_scale(engine)  # before step() changes it
     mixed = engine.fp16_enabled() or engine.bfloat16_enabled()
     norm = gradient_norm(engine.module) if boundary and not mixed else None
@@ -201,5 +206,5 @@ def train_step(engine, strategy, batch: dict) -> Step:
     strategy.after_step(engine)
     if norm is None and engine.get_global_grad_norm() is not None:
         norm = engine.get_global_grad_norm() / scale
-    skipped = (engine.skipped_steps, getattr(engine.optimizer, "skips", 0)) != skips_before
+    skipped = skips(engine) != skips_before
     return Step(loss.item(), not skipped, None if norm is None else float(norm))

@@ -63,7 +63,8 @@ def link_learner(rank: int, world: int, model_bytes: int) -> dict:
 
 
 def merge_seconds(params: list[torch.Tensor]) -> float:
-    from comm.gossip import add_flat, flatten
+    from comm.gossip import flatten
+    from comm.staging import add_flat
 
     delta = flatten(params)
     t0 = time.perf_counter()

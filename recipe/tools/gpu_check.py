@@ -27,7 +27,6 @@ machine together with the recipe end to end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -98,7 +97,7 @@ def make_batch(objective: str, micro: int, dims: dict, device) -> tuple[dict, in
 
 
 def build(dims: dict, micro: int, precision: str):
-    """The recipe's engine (SYNC, a world of one) for a model and precision."""
+    """The recipe's engine (SYNC, a world of one) for a model and precision -> (engine, its strategy)."""
     from omegaconf import OmegaConf
 
     from comm import ProcessLayout, build_strategy
@@ -111,8 +110,8 @@ def build(dims: dict, micro: int, precision: str):
     model = LSTMAcousticModel(**dims)
     optim = OmegaConf.create({"name": "adam", "weight_decay": 0.0, "momentum": 0.0})
     config = {"train_micro_batch_size_per_gpu": micro, "gradient_clipping": 5.0, **settings}
-    return build_engine(model, make_optimizer(optim, model.parameters(), 1e-3), config,
-                        build_strategy({"strategy": "sync"}, ProcessLayout.from_env()))
+    strategy = build_strategy({"strategy": "sync"}, ProcessLayout.from_env())
+    return build_engine(model, make_optimizer(optim, model.parameters(), 1e-3), config, strategy), strategy
 
 
 def lstm_packed(engine) -> bool:
@@ -122,21 +121,15 @@ def lstm_packed(engine) -> bool:
     return len(storages) == 1
 
 
-def timed_steps(engine, strategy, batch: dict, seconds: float, least: int, warmup: int, between=None) -> dict:
+def timed_steps(engine, strategy, batch: dict, seconds: float, least: int, warmup: int) -> dict:
     """Train steps on one batch for about `seconds` after `warmup` -> steps, ms per step, first and last loss."""
     from recipe.lib.engine import train_step
 
-    losses = []
-    for _ in range(warmup):
-        losses.append(train_step(engine, strategy, batch).loss)
-        if between:
-            between()
+    losses = [train_step(engine, strategy, batch).loss for _ in range(warmup)]
     synchronize()
     t0, steps = time.perf_counter(), 0
     while steps < least or time.perf_counter() - t0 < seconds:
         losses.append(train_step(engine, strategy, batch).loss)
-        if between:
-            between()
         steps += 1
     synchronize()
     wall = time.perf_counter() - t0
@@ -150,9 +143,9 @@ def throughput(models: dict, precisions: list[str], seconds: float, least: int, 
             for micro in micros:
                 row = {"model": name, "objective": objective, "precision": precision, "micro_batch": micro}
                 try:
-                    engine = build(dims, micro, precision)
+                    engine, sync = build(dims, micro, precision)
                     batch, frames = make_batch(objective, micro, dims, engine.device)
-                    timing = timed_steps(engine, NoStrategy(), batch, seconds, least, warmup)
+                    timing = timed_steps(engine, sync, batch, seconds, least, warmup)
                     fps = frames / (timing["step_ms"] / 1000)
                     tflops = fps * training_flops_per_frame(dims) / 1e12
                     row.update(timing, frames_per_s=fps, model_tflops=tflops, lstm_packed=lstm_packed(engine),
@@ -167,16 +160,6 @@ def throughput(models: dict, precisions: list[str], seconds: float, least: int, 
     return rows
 
 
-class NoStrategy:
-    """A strategy's hooks doing nothing, for train_step."""
-
-    def step_lock(self):
-        return contextlib.nullcontext()
-
-    def after_step(self, engine) -> None:
-        pass
-
-
 class LoopbackGossip(GossipThread):
     """A gossip thread whose peer answers at once with the weights it was sent: each round stages the weights
     to the host, 'exchanges' them and merges a (zero) delta, as a real round does, without the network."""
@@ -185,7 +168,9 @@ class LoopbackGossip(GossipThread):
         incoming.copy_(outgoing)
 
 
-class GossipStrategy(NoStrategy):
+class GossipStrategy:
+    """train_step's two hooks with a LoopbackGossip thread behind them, as ADPSGD's."""
+
     def __init__(self, engine):
         self.lock = threading.Lock()
         self.thread = LoopbackGossip(Weights(engine).masters, lambda r: 0, None, self.lock, period=1).start()
@@ -205,12 +190,12 @@ class GossipStrategy(NoStrategy):
 
 def gossip_cost(dims: dict, micro: int, precision: str, seconds: float, least: int, warmup: int) -> dict:
     """The same steps without gossip and with a round after every step, arms interleaved twice."""
-    engine = build(dims, micro, precision)
+    engine, sync = build(dims, micro, precision)
     batch, _ = make_batch("ce", micro, dims, engine.device)
     arms = {"off": [], "on": []}
     rounds = {}
     for _ in range(2):
-        arms["off"].append(timed_steps(engine, NoStrategy(), batch, seconds, least, warmup)["step_ms"])
+        arms["off"].append(timed_steps(engine, sync, batch, seconds, least, warmup)["step_ms"])
         gossip = GossipStrategy(engine)
         arms["on"].append(timed_steps(engine, gossip, batch, seconds, least, warmup)["step_ms"])
         rounds = gossip.close()
@@ -224,7 +209,7 @@ def merge_survives_a_step(dims: dict, micro: int) -> dict:
     masters are from the merged weights (0: kept) and the module's parameters from the masters (bf16 rounding)."""
     from comm.staging import Staging
 
-    engine = build(dims, micro, "bf16")
+    engine, sync = build(dims, micro, "bf16")
     weights = Weights(engine)
     merged = flatten(weights.masters) + 0.5
     Staging(weights.masters).add(torch.full_like(merged, 0.5))
@@ -232,7 +217,7 @@ def merge_survives_a_step(dims: dict, micro: int) -> dict:
     for group in engine.optimizer.param_groups:
         group["lr"] = 0.0
     batch, _ = make_batch("ce", micro, dims, engine.device)
-    timed_steps(engine, NoStrategy(), batch, 0.0, 1, 0)
+    timed_steps(engine, sync, batch, 0.0, 1, 0)
     masters, module = flatten(weights.masters), flatten(weights.params)
     return {"merge_kept_max_error": float((masters - merged).abs().max()),
             "module_vs_masters_max_error": float((module - masters.bfloat16().float()).abs().max())}
