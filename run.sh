@@ -7,10 +7,11 @@
 # Stages, each logged to EXP/log/stage-N.log and skipped once EXP/.done/stage-N exists, unless --stage is
 # given explicitly (then stages N.. run again):
 #   0 set up the virtual environment (.venv: torch==2.13.0, then requirements.txt)
-#   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir; write EXP/data
+#   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir[/--dev-dir]; write EXP/data
+#                      (train, dev, test: the dev set carved out of training when the corpus has none)
 #   2 features         log-mel + deltas, in parallel, cached by feature config
 #   3 train            the deepspeed launcher starts the learners (python -m recipe.train)
-#   4 evaluate         decode the held-out set with the final model: EXP/decode
+#   4 evaluate         choose the decoder on the dev set, then decode the test set once: EXP/decode
 #   5 report           table on the terminal, EXP/report.png
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -28,6 +29,7 @@ master_addr=
 exp=exp/sync
 train_dir=
 test_dir=
+dev_dir=
 resume=false
 freeze=false
 master_port=29500
@@ -53,7 +55,9 @@ Options:
   --master-addr HOST with --node-rank: the address of node 0, where learner 0 serves the rendezvous
   --exp DIR          experiment folder (default $exp); corpora and feature caches go to its parent folder
   --train-dir DIR    your own Kaldi-style data dir for training (wav.scp, text, [utt2spk], [segments])
-  --test-dir DIR     your own Kaldi-style held-out data dir
+  --test-dir DIR     your own Kaldi-style test data dir: decoded once, at the end
+  --dev-dir DIR      your own Kaldi-style dev data dir: every choice of training and decoding is made on it
+                     (default: the corpus's own, else carved out of the training data: data.dev_share)
   --resume           stage 3 continues from the latest checkpoint in EXP/checkpoints
   --freeze           write constraints.txt from .venv (every installed version, as tested) and exit
   --master-port P    rendezvous port for the learners (default $master_port)
@@ -80,6 +84,7 @@ while [ $# -gt 0 ]; do
     --exp) exp=$2; shift 2 ;;
     --train-dir) train_dir=$2; shift 2 ;;
     --test-dir) test_dir=$2; shift 2 ;;
+    --dev-dir) dev_dir=$2; shift 2 ;;
     --resume) resume=true; shift ;;
     --freeze) freeze=true; shift ;;
     --master-port) master_port=$2; shift 2 ;;
@@ -92,6 +97,7 @@ if [ -n "$train_dir$test_dir" ]; then
   if [ -z "$train_dir" ] || [ -z "$test_dir" ]; then echo "run.sh: give both --train-dir and --test-dir" >&2; exit 2; fi
   overrides=(data.corpus=kaldi "data.train_dir=$(realpath "$train_dir")" "data.test_dir=$(realpath "$test_dir")" ${overrides[@]+"${overrides[@]}"})
 fi
+if [ -n "$dev_dir" ]; then overrides=("data.dev_dir=$(realpath "$dev_dir")" ${overrides[@]+"${overrides[@]}"}); fi
 if [ -n "$node_rank$master_addr" ] && { [ -z "$node_rank" ] || [ -z "$master_addr" ] || [ -z "$hostfile" ]; }; then
   echo "run.sh: --node-rank and --master-addr go together, with --hostfile" >&2; exit 2
 fi

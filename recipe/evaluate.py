@@ -1,11 +1,12 @@
 """Held-out evaluation, summable across learners: CTC loss, decoding, CER and WER (jiwer); or, for the CE
 objective, frame cross entropy and frame accuracy on the chunks (and scaled log-likelihoods for Kaldi).
 
-Used after every epoch by the training loop (greedy decoding; each learner scores a share of the held-out set
-and the totals are summed over the world) and by the recipe's decode stage on the final model (one process,
-all of it, the weights averaged over the last epochs if configured, greedy and then the configured beam search
-with its word LM; per-utterance hypotheses written out, and errs.txt: every utterance's reference aligned with
-its hypothesis, the worst first, as icefall's errs-*.txt):
+Used after every epoch by the training loop on the dev set (greedy decoding; each learner scores a share and the
+totals are summed over the world) and by the recipe's decode stage on the final model (one process, the weights
+averaged over the best epochs if configured). The decode stage chooses on the dev set: greedy, and the beam search
+with its word LM at every LM weight and word bonus of a small grid, the best of them kept; then it decodes the
+test set once with that choice. Per-utterance hypotheses are written out, and errs.txt: every utterance's
+reference aligned with its hypothesis, the worst first, as icefall's errs-*.txt (the dev set's under dev/):
 
     python -m recipe.evaluate --exp EXP [--out decode] [decode.key=value ...]
 
@@ -160,26 +161,30 @@ def decode_settings(conf) -> dict:
     return settings
 
 
-def beam_decoder(conf, train_text: Path, out: Path, tokens: list[str]) -> Callable | None:
-    """The configured beam search (None: greedy) over the tokens; its LM: the user's ARPA file, or one trained on
-    the training transcripts and saved as ARPA."""
+def word_lm(conf, train_text: Path, out: Path) -> NgramLM | None:
+    """The beam search's word LM: the user's ARPA file, or one trained on the training transcripts and saved as
+    out/lm.arpa (for inspection, for the user's own decoder, and for flashlight); None without one."""
     if not conf.beam:
         return None
-    lm = None
     if conf.lm_arpa:
         try:
-            lm = NgramLM.load_arpa(conf.lm_arpa)
+            return NgramLM.load_arpa(conf.lm_arpa)
         except ValueError as err:  # a malformed line, or no <unk> (a closed-vocabulary LM)
             raise SystemExit(f"decode.lm_arpa: {conf.lm_arpa}: {err}") from None
-    elif conf.lm_order:
-        texts = [text for text, _ in read_table(train_text).values()]
-        lm = NgramLM.train(texts, order=conf.lm_order)
-        lm.save_arpa(out / "lm.arpa")  # for inspection, or for the user's own decoder
+    if not conf.lm_order:
+        return None
+    lm = NgramLM.train([text for text, _ in read_table(train_text).values()], order=conf.lm_order)
+    lm.save_arpa(out / "lm.arpa")
+    return lm
+
+
+def beam_decoder(conf, lm: NgramLM | None, arpa: Path, tokens: list[str], lm_weight: float,
+                 word_bonus: float) -> Callable:
+    """The configured beam search over the tokens at these weights (arpa: the LM's file, for flashlight)."""
     if conf.backend == "flashlight":  # the same ARPA file, read by flashlight's KenLM
         from recipe.lib.decode_flashlight import FlashlightDecoder
-        return FlashlightDecoder(conf.lm_arpa or out / "lm.arpa", tokens, beam=conf.beam, lm_weight=conf.lm_weight,
-                                 word_bonus=conf.word_bonus)
-    return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=conf.lm_weight, word_bonus=conf.word_bonus,
+        return FlashlightDecoder(arpa, tokens, beam=conf.beam, lm_weight=lm_weight, word_bonus=word_bonus)
+    return partial(beam_decode, beam=conf.beam, lm=lm, lm_weight=lm_weight, word_bonus=word_bonus,
                    oov_penalty=conf.oov_penalty)
 
 
@@ -241,26 +246,99 @@ def advancer(bar, name: str, batches: list[list[int]]) -> Callable[[list[int]], 
     return lambda batch: bar.update(task, advance=len(batch))
 
 
-def decode_heldout(model: torch.nn.Module, data: CTCDataset, batches: list[list[int]], exp, conf, out: Path,
-                   bar) -> dict:
-    """CTC: greedy, then the configured beam search (conf: the decode section); writes hyp.txt, ref.txt and
-    errs.txt of the configured decoder into out -> its scores, with greedy's beside them."""
-    totals, decoded = evaluate(model, data, batches, exp.tokens, on_batch=advancer(bar, "greedy", batches))
-    result = {"utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(totals).items()},
-              "decode": decode_settings(conf), "lm": lm_used(conf)}
-    beam = beam_decoder(conf, exp.data_dir("train") / "text", out, exp.tokens)
-    if beam is not None:
-        t0 = time.perf_counter()
-        totals, decoded = evaluate(model, data, batches, exp.tokens, decode=beam,
-                                   on_batch=advancer(bar, f"beam search ({conf.beam})", batches))
-        result["beam_seconds"] = time.perf_counter() - t0
-    result.update(rates(totals))  # the configured decoder's scores
-    decoded.sort()
+class Pass:
+    """One set through the network once, decoded greedily, its outputs kept: the dev set's grid decodes them again
+    at every setting, and no set is scored twice by a different model pass."""
+
+    def __init__(self, model: torch.nn.Module, data: CTCDataset, batches: list[list[int]], tokens: list[str],
+                 on_batch: Callable[[list[int]], None] | None = None):
+        self.outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.tokens = tokens
+
+        def greedy(logits, lengths, tokens):
+            self.outputs.append((logits, lengths))
+            return greedy_decode(logits, lengths, tokens)
+        self.totals, self.greedy = evaluate(model, data, batches, tokens, decode=greedy, on_batch=on_batch)
+
+    def decode(self, decoder: Callable | None) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
+        """-> (the scores, [(utt, ref, hyp)]) of a decoder (None: greedy's, already known)."""
+        if decoder is None:
+            return rates(self.totals), self.greedy
+        hyps = [h for logits, lengths in self.outputs for h in decoder(logits, lengths, self.tokens)]
+        refs = [r for _, r, _ in self.greedy]
+        totals = {**self.totals, **error_counts(refs, hyps), "empty_hyps": sum(not h for h in hyps)}
+        return rates(totals), [(u, r, h) for (u, r, _), h in zip(self.greedy, hyps)]
+
+
+def choose_weights(conf, lm: NgramLM | None, arpa: Path, dev: Pass, bar) -> tuple[dict, list[dict]]:
+    """The LM weight and word bonus of lowest dev WER (then CER) over the grid decode.lm_weights x
+    decode.word_bonuses, as Kaldi's scoring picks its LM weight; a value set by hand (decode.lm_weight, word_bonus)
+    is not searched. Ties go to the setting nearest the grid's middle. -> (the choice, every setting's scores)."""
+    weights = [conf.lm_weight] if conf.lm_weight is not None else list(conf.lm_weights)
+    bonuses = [conf.word_bonus] if conf.word_bonus is not None else list(conf.word_bonuses)
+    if lm is None:  # a beam without an LM: no weight to choose; the bonus alone (0 unless set) would only
+        weights, bonuses = [0.0], [conf.word_bonus or 0.0]  # trade insertions against deletions
+    task = bar.add_task(f"dev: beam {conf.beam} at {len(weights) * len(bonuses)} LM settings",
+                        total=len(weights) * len(bonuses))
+    rows = []
+    for i, w in enumerate(weights):
+        for j, b in enumerate(bonuses):
+            scores, _ = dev.decode(beam_decoder(conf, lm, arpa, dev.tokens, w, b))
+            off_middle = abs(i - (len(weights) - 1) / 2) + abs(j - (len(bonuses) - 1) / 2)
+            rows.append({"lm_weight": w, "word_bonus": b, "cer": scores["cer"], "wer": scores["wer"],
+                         "_rank": (scores["wer"], scores["cer"], off_middle)})
+            bar.advance(task)
+    best = min(rows, key=lambda r: r["_rank"])
+    for r in rows:
+        del r["_rank"]
+    return {"lm_weight": best["lm_weight"], "word_bonus": best["word_bonus"]}, rows
+
+
+def decode_sets(model: torch.nn.Module, dev_data: CTCDataset, test_data: CTCDataset, exp, conf, out: Path,
+                bar) -> dict:
+    """CTC: the dev set chooses the decoder (greedy, or the beam search at the grid's best LM weight and word
+    bonus); the test set is then decoded once with it. Writes the test set's hyp.txt, ref.txt and errs.txt into
+    out (the dev set's into out/dev) -> the test set's scores, greedy's beside them, the dev set's under "dev"."""
+    dev_batches, test_batches = batches_of(dev_data), batches_of(test_data)
+    dev = Pass(model, dev_data, dev_batches, exp.tokens, advancer(bar, "dev: greedy", dev_batches))
+    chosen, grid, decoder = {"lm_weight": None, "word_bonus": None}, [], None
+    lm = word_lm(conf, exp.data_dir("train") / "text", out)
+    arpa = Path(conf.lm_arpa) if conf.lm_arpa else out / "lm.arpa"
+    if conf.beam:
+        chosen, grid = choose_weights(conf, lm, arpa, dev, bar)
+        decoder = beam_decoder(conf, lm, arpa, exp.tokens, **chosen)
+        beam_scores = next(r for r in grid if all(r[k] == v for k, v in chosen.items()))
+        greedy = rates(dev.totals)
+        if (greedy["wer"], greedy["cer"]) < (beam_scores["wer"], beam_scores["cer"]):
+            decoder = None  # the beam lost to greedy on dev: the test set is decoded greedily
+    test = Pass(model, test_data, test_batches, exp.tokens, advancer(bar, "test: greedy", test_batches))
+    t0 = time.perf_counter()
+    scores, decoded = test.decode(decoder)
+    result = {"utterances": len(decoded), **{f"greedy_{k}": v for k, v in rates(test.totals).items()}, **scores,
+              "decoder": "greedy" if decoder is None else f"beam {conf.beam}",
+              "decode": {**decode_settings(conf), **chosen}, "lm": lm_used(conf),
+              "beam_seconds": time.perf_counter() - t0 if decoder else None}
+    dev_scores, dev_decoded = dev.decode(decoder)
+    result["dev"] = {"utterances": len(dev_decoded), **{f"greedy_{k}": v for k, v in rates(dev.totals).items()},
+                     **dev_scores, "grid": grid}
+    write_decoded(dev_decoded, out / "dev")
+    return {**result, **write_decoded(decoded, out)}
+
+
+def batches_of(data) -> list[list[int]]:
+    """The decode stage's batches: 16 utterances (or chunks) of similar length, in a fixed order."""
+    return BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
+
+
+def write_decoded(decoded: list[tuple[str, str, str]], out: Path) -> dict:
+    """hyp.txt, ref.txt and errs.txt of a decoded set -> its error breakdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    decoded = sorted(decoded)
     errs, breakdown = error_report(decoded)
     (out / "hyp.txt").write_text("".join(f"{u} {h}\n" for u, _, h in decoded))
     (out / "ref.txt").write_text("".join(f"{u} {r}\n" for u, r, _ in decoded))
     (out / "errs.txt").write_text(errs)
-    return {**result, **breakdown}
+    return breakdown
 
 
 def main(argv=None) -> int:
@@ -282,17 +360,19 @@ def main(argv=None) -> int:
     out = (exp.root / args.out).resolve()  # the loglikes scp names its ark by this path
     out.mkdir(exist_ok=True)
     model, meta = exp.load_model(args.checkpoint, conf.decode.average_best, conf.decode.average_within)
-    data = exp.dataset("test")
-    batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
+    dev, test = exp.dataset("dev"), exp.dataset("test")  # the test set's first read of the whole recipe
     result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", [])}
     # the bar draws only on a terminal (recipe/lib/progress.py); the log gets the scores alone
     with progress_bar(TextColumn("decode {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn()) as bar:
-        if isinstance(data, ChunkDataset):
-            result.update(export_loglikes(model, data, batches, exp.targets("train").counts, out,
-                                          advancer(bar, "log-likelihoods", batches)))
+        if isinstance(test, ChunkDataset):
+            dev_batches, test_batches = batches_of(dev), batches_of(test)
+            result["dev"] = rates(evaluate_frames(model, dev, dev_batches,
+                                                  on_batch=advancer(bar, "dev: frames", dev_batches)))
+            result.update(export_loglikes(model, test, test_batches, exp.targets("train").counts, out,
+                                          advancer(bar, "test: log-likelihoods", test_batches)))
         else:
-            result.update(decode_heldout(model, data, batches, exp, conf.decode, out, bar))
+            result.update(decode_sets(model, dev, test, exp, conf.decode, out, bar))
     (out / "scores.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0

@@ -28,60 +28,88 @@ from recipe.lib.corpora import prepare_corpus
 from recipe.lib.datadir import build_tokens, check_tokens, load_data_dir, write_data_dir, write_tokens
 from recipe.lib.features import FeatureCache, extract_features, import_kaldi_features
 from recipe.lib.kaldi_io import iter_alignments, read_vectors
+from recipe.lib.splits import carve_dev
 from recipe.lib.tables import DataError, absolute_rxfilename, read_table
 from recipe.lib.targets import ctm_alignments, read_phone_table, write_targets
 
 log = logging.getLogger("recipe.prepare")
+SPLITS = ("train", "dev", "test")
 
 
-def synthesized(conf, work: Path, n_train: int, n_test: int) -> Path:
+def synthesized(conf, work: Path, n_train: int, n_test: int, n_dev: int = 0) -> Path:
     """The built-in corpus of that size (synthesized once, then found by its name)."""
     from recipe.lib.synth import synthesize_corpus
 
     d = conf.data
-    corpus = work / f"synth-v2-{n_train}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
+    corpus = work / f"synth-v3-{n_train}-{n_dev}-{n_test}-seed{d.synth_seed}-{d.sample_rate}"
     if not (corpus / ".done").is_file():
-        synthesize_corpus(corpus, n_train=n_train, n_test=n_test, seed=d.synth_seed, sample_rate=d.sample_rate,
-                          num_workers=conf.features.num_workers)
+        synthesize_corpus(corpus, n_train=n_train, n_test=n_test, n_dev=n_dev, seed=d.synth_seed,
+                          sample_rate=d.sample_rate, num_workers=conf.features.num_workers)
         (corpus / ".done").touch()
     return corpus
 
 
-def prepare_data(conf, exp: Path, work: Path) -> dict:
+def data_sources(conf, work: Path) -> dict[str, Path]:
+    """The data dirs of train and test, and of dev where the user or the corpus gives one."""
     d = conf.data
     if d.corpus == "synth":
-        corpus = synthesized(conf, work, d.synth_train, d.synth_test)
-        sources = {"train": corpus / "train", "test": corpus / "test"}
+        corpus = synthesized(conf, work, d.synth_train, d.synth_test, d.synth_dev)
+        sources = {split: corpus / split for split in SPLITS}
     elif d.corpus == "kaldi":
         sources = {"train": Path(d.train_dir), "test": Path(d.test_dir)}
     else:  # a public corpus from its local folder: prepared once per folder and choice of splits
-        splits = [sorted(d.heldout_speakers), sorted(d.train_sets), sorted(d.test_sets)]
+        splits = [sorted(d.heldout_speakers), sorted(d.train_sets), sorted(d.test_sets), sorted(d.dev_sets)]
         key = hashlib.sha1(f"{Path(d.corpus_dir or '').resolve()}|{splits}".encode()).hexdigest()
         sources = prepare_corpus(d.corpus, d, work / f"{d.corpus}-{key[:10]}")
+    if d.dev_dir:
+        sources["dev"] = Path(d.dev_dir)
+    return sources
+
+
+def prepare_data(conf, exp: Path, work: Path) -> dict:
+    d = conf.data
+    sources = data_sources(conf, work)
     summary, utts = {}, {}
     for split, src in sources.items():
         utts[split], skipped = load_data_dir(src, d.max_utt_seconds, d.on_bad_utterance)
         summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
+    if "dev" not in sources:  # before the subset and the mixing: the dev set is of the user's own speech
+        utts["train"], utts["dev"], how = carve_dev(utts["train"], d.dev_share, d.dev_min_utterances, conf.train.seed)
+        sources["dev"] = sources["train"]
+        summary["dev"] = {"source": f"{sources['train']}: {how}", "utterances": len(utts["dev"]), "skipped": {}}
+        summary["train"]["held_out_for_dev"] = len(utts["dev"])
+        log.info("dev set: %s", how)
     if 0 < d.train_utterances < len(utts["train"]):  # every k-th in id order, as Kaldi's subset_data_dir.sh
         step = len(utts["train"]) / d.train_utterances
         utts["train"] = [utts["train"][int(i * step)] for i in range(d.train_utterances)]
         summary["train"]["subset"] = d.train_utterances
     if d.mix_synth:  # the built-in corpus's many voices added to a real corpus's training set
         mixed, _ = load_data_dir(synthesized(conf, work, d.mix_synth, 0) / "train", d.max_utt_seconds)
-        clash = sorted({u.utt for u in mixed} & {u.utt for u in utts["train"]})
+        clash = sorted({u.utt for u in mixed} & {u.utt for split in utts.values() for u in split})
         if clash:
-            raise DataError(f"data.mix_synth: utterance ids {clash[:3]} are both synthesized and in {sources['train']}")
+            raise DataError(f"data.mix_synth: utterance ids {clash[:3]} are both synthesized and in your corpus")
         utts["train"] = sorted(utts["train"] + mixed, key=lambda u: u.utt)
         summary["train"]["mixed_synth"] = len(mixed)
+    check_disjoint(utts, sources)
     tokens = build_tokens(utts["train"])
-    check_tokens(utts["test"], tokens, sources["test"] / "text")
-    for split, src in sources.items():
+    for split in ("dev", "test"):
+        check_tokens(utts[split], tokens, sources[split] / "text")
+    for split in SPLITS:
         write_data_dir(utts[split], exp / "data" / split)
-        copy_side_files(src, exp / "data", split, {u.utt for u in utts[split]})
+        copy_side_files(sources[split], exp / "data", split, {u.utt for u in utts[split]})
     write_tokens(tokens, exp / "data" / "tokens.txt")
     summary["tokens"] = len(tokens)
     (exp / "data" / "prep.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def check_disjoint(utts: dict[str, list], sources: dict[str, Path]) -> None:
+    """An utterance in two splits would score the model on what it trained on (or tune on the test set)."""
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        shared = sorted({u.utt for u in utts[a]} & {u.utt for u in utts[b]})
+        if shared:
+            raise DataError(f"{sources[a]} and {sources[b]} share {len(shared)} utterance ids (first: {shared[0]}): "
+                            f"the {b} set must be held out from the {a} set")
 
 
 def copy_side_files(src: Path, data: Path, split: str, kept: set[str]) -> None:
@@ -105,7 +133,7 @@ def copy_side_files(src: Path, data: Path, split: str, kept: set[str]) -> None:
 
 def prepare_features(conf, exp: Path, work: Path) -> dict:
     where = {}
-    for split in ("train", "test"):
+    for split in SPLITS:
         data = exp / "data" / split
         utts, _ = load_data_dir(data)
         if (data / "feats.scp").is_file():  # the user's Kaldi features stand for the audio
@@ -122,7 +150,7 @@ def prepare_features(conf, exp: Path, work: Path) -> dict:
     caches = {split: FeatureCache(path) for split, path in where.items()}
     summary = {split: cache.meta for split, cache in caches.items()}
     for split, cache in caches.items():
-        path = conf.data[f"{split}_ivectors"]
+        path = split_setting(conf.data, "ivectors", split)
         if path:
             summary[split]["speaker_vectors"] = write_vectors(Path(path), cache, exp / "vectors" / f"{split}.npz",
                                                               conf.data.on_bad_utterance)
@@ -140,7 +168,7 @@ def prepare_features(conf, exp: Path, work: Path) -> dict:
 def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targets: int | None):
     """-> ((utt, frame targets) pairs, streamed; where they came from; number of classes or None): the
     configured Kaldi alignments, else the data dir's phone CTM."""
-    path = conf.data[f"{split}_ali"]
+    path = split_setting(conf.data, "ali", split)
     if path:
         return iter_alignments(Path(path)), path, num_targets  # None for train: its largest id + 1
     ctm = exp / "data" / split / "phones.ctm"
@@ -152,6 +180,12 @@ def frame_alignments(conf, exp: Path, split: str, cache: FeatureCache, num_targe
     alignments = ctm_alignments(ctm, phones, dict(zip(cache.utts, cache.frames.tolist())), f.hop_ms / 1000,
                                 f.win_ms / 1000, states)
     return alignments, str(ctm), num_targets or len(phones) * states
+
+
+def split_setting(data, name: str, split: str) -> str | None:
+    """data.{split}_{name}; the dev set's falls back to the training set's, which covers a dev set carved out of
+    the training data (a dev set of its own without one fails naming the utterance the file lacks)."""
+    return data[f"{split}_{name}"] or (data[f"train_{name}"] if split == "dev" else None)
 
 
 def write_vectors(path: Path, cache: FeatureCache, out: Path, on_bad: str) -> dict:

@@ -5,8 +5,9 @@ Started once per learner by the deepspeed launcher (run.sh builds the command):
     deepspeed --num_gpus N --module recipe.train --exp EXP --ds-config ds_configs/sync.json [--conf FILE] [k=v ...]
 
 The distributed strategy is chosen by the JSON's "comm" section and reached only through its interface
-(comm/base.py), so this loop is the same for SYNC, ADPSGD, HYBRID and LOCALSGD. Every epoch ends with a held-out
-evaluation (sharded over the learners, totals summed) and an atomic checkpoint that carries the TrainState;
+(comm/base.py), so this loop is the same for SYNC, ADPSGD, HYBRID and LOCALSGD. Every epoch ends with an evaluation
+on the dev set (sharded over the learners, totals summed; the test set is never read here: the decode stage scores
+it once, at the end) and an atomic checkpoint that carries the TrainState;
 --resume continues from the latest one and, for SYNC, reproduces an uninterrupted run bit for bit: batches and
 dropout masks are pure functions of (seed, epoch, rank), and the learning rate a pure function of global
 progress.
@@ -54,7 +55,7 @@ from recipe.lib.schedule import fixed_anneal_start, learning_rate, newbob, plan_
 from recipe.supervisor import declare_goes_on  # noqa: E402 - after the supervisor's exit
 
 log = logging.getLogger("recipe.train")
-SCORE_KEYS = ("cer", "wer", "frame_acc")  # held-out scores of CTC and of CE
+SCORE_KEYS = ("cer", "wer", "frame_acc")  # dev scores of CTC and of CE (an epoch record's "held-out" set)
 
 
 class NonFiniteTraining(RuntimeError):
@@ -168,14 +169,14 @@ class Trainer:
 
     def build_data(self) -> None:
         """Datasets, samplers and the batch arithmetic (DESIGN.md §9.3: the global batch, reported)."""
-        self.train_set, self.test_set = self.exp.dataset("train"), self.exp.dataset("test")
+        self.train_set, self.dev_set = self.exp.dataset("train"), self.exp.dataset("dev")
         self.micro = self.engine_conf["train_micro_batch_size_per_gpu"]
         self.accum = self.engine_conf.get("gradient_accumulation_steps", 1)
         world, seed = self.layout.world_size, self.conf.train.seed
         self.global_batch = self.micro * self.accum * world  # utterances per optimizer step, all learners
         self.node_batch = self.micro * self.accum * self.layout.local_size
         self.sampler = BucketBatchSampler(self.train_set.lengths, self.micro, self.layout.rank, world, seed)
-        self.test_batches = BucketBatchSampler(self.test_set.lengths, self.micro, shuffle=False).epoch_batches(0)
+        self.dev_batches = BucketBatchSampler(self.dev_set.lengths, self.micro, shuffle=False).epoch_batches(0)
         self.steps_per_epoch = len(self.sampler) // self.accum  # optimizer steps
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.sampler)} micro batches per learner cannot make one step of "
@@ -278,10 +279,10 @@ class Trainer:
         return totals
 
     def compute_validation(self) -> dict:
-        """Held-out scores of the consensus model, each live learner scoring a share, totals summed."""
+        """Dev scores of the consensus model, each live learner scoring a share, totals summed."""
         members = self.strategy.members
-        shard = self.test_batches[members.index():: len(members.live)]
-        totals, _ = evaluate(self.strategy.consensus(self.engine), self.test_set, shard, self.exp.tokens)
+        shard = self.dev_batches[members.index():: len(members.live)]
+        totals, _ = evaluate(self.strategy.consensus(self.engine), self.dev_set, shard, self.exp.tokens)
         return rates(dict(zip(sorted(totals), members.sum([totals[k] for k in sorted(totals)]))))
 
     def end_epoch(self, epoch: int, totals: EpochTotals, strategy_stats: dict, epoch_wall: float) -> None:
@@ -344,7 +345,7 @@ class Trainer:
 
     def log_epoch(self, record: dict) -> None:
         scores = "  ".join(f"{k.replace('_', ' ')} {100 * record[k]:.2f}%" for k in SCORE_KEYS if k in record)
-        log.info("epoch %d done: train loss %.3f  held-out loss %.3f  %s  %.0f frames/s  %.0f s", record["epoch"],
+        log.info("epoch %d done: train loss %.3f  dev loss %.3f  %s  %.0f frames/s  %.0f s", record["epoch"],
                  record["train_loss"], record["heldout_loss"], scores, record["train_frames_per_s"],
                  record["epoch_wall_s"])
         self.board.epoch(record)
@@ -367,8 +368,9 @@ class Trainer:
                 "train_frames_per_s": self.state.frames / max(self.state.wall_s, 1e-9),
                 "objective": self.conf.train.objective, "heldout_loss": last["heldout_loss"],
                 **{k: last[k] for k in SCORE_KEYS if k in last},
-                "train_utterances": self.train_set.num_utterances, "test_utterances": self.test_set.num_utterances,
-                "skipped": {"train": dict(self.train_set.skipped), "test": dict(self.test_set.skipped)},
+                "heldout_set": "dev", "train_utterances": self.train_set.num_utterances,
+                "dev_utterances": self.dev_set.num_utterances,
+                "skipped": {"train": dict(self.train_set.skipped), "dev": dict(self.dev_set.skipped)},
                 **{k: v for k, v in last.items()
                    if k.startswith(("gossip_", "boundary_", "consensus_", "lost_", "averaging_"))},
                 "precision": "bf16" if engine_conf.get("bf16", {}).get("enabled") else

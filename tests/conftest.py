@@ -14,7 +14,7 @@ from recipe.tools.local_learners import free_port, run_learners, train_learner  
 REPO = Path(__file__).resolve().parent.parent
 
 # A model and corpus small enough for seconds of CPU time, big enough that the loss measurably falls.
-TINY = ["data.synth_train=96", "data.synth_test=16", "data.synth_seed=7", "model.layers=1", "model.hidden=48",
+TINY = ["data.synth_train=96", "data.synth_test=16", "data.synth_dev=16", "data.synth_seed=7", "model.layers=1", "model.hidden=48",
         "model.dropout=0.1", "model.stack=3", "features.num_workers=2", "optim.lr=3e-3", "optim.warmup_epochs=0.5",
         "train.epochs=3", "train.min_updates=0", "optim.schedule=fixed", "optim.anneal_start_epoch=3",
         "train.log_interval=1000"]

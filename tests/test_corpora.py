@@ -97,8 +97,11 @@ def test_synthesized_voices_can_be_mixed_into_a_real_training_set_only(tmp_path)
                     "data.heldout_speakers=[theo]", "data.sample_rate=8000", "data.mix_synth=6"]) == 0
     train, _ = load_data_dir(exp / "data" / "train")
     test, _ = load_data_dir(exp / "data" / "test")
+    dev, _ = load_data_dir(exp / "data" / "dev")
     synthesized = [u for u in train if "-train0000" in u.utt]
-    assert len(train) == 12 + 6 and len(synthesized) == 6 and len(test) == 12  # the test set stays real
+    # the dev set (carved out of the 12 real training recordings: 1) and the test set stay real
+    assert len(dev) == 1 and len(train) == 11 + 6 and len(synthesized) == 6 and len(test) == 12
+    assert not any("-train0000" in u.utt for u in dev)
     assert [u.utt for u in train] == sorted(u.utt for u in train)
     assert prepare(["data", "--exp", str(tmp_path / "e2"), "data.mix_synth=6"]) == 2  # synth into synth: refused
 
@@ -263,8 +266,13 @@ def test_stage_1_prepares_librispeech_subsets_from_the_config(tmp_path):
     exp = tmp_path / "exp"
     assert prepare(["data", "--exp", str(exp), "data.corpus=librispeech", f"data.corpus_dir={corpus}"]) == 0
     assert (exp / "data" / "test" / "text").read_text() == "1089-134686-0000 the thin boy sat\n"
+    assert (exp / "data" / "dev" / "text").read_text() == "84-121123-0000 she is on the boat\n"  # its own dev-clean
     assert "'" in (exp / "data" / "tokens.txt").read_text().split("\n")
     # another choice of subsets is prepared anew, not found under the first one's folder
     assert prepare(["data", "--exp", str(exp), "data.corpus=librispeech", f"data.corpus_dir={corpus}",
-                    "data.test_sets=[dev-clean]"]) == 0
+                    "data.test_sets=[dev-clean]", "data.dev_sets=[test-clean]"]) == 0
     assert (exp / "data" / "test" / "text").read_text() == "84-121123-0000 she is on the boat\n"
+    assert (exp / "data" / "dev" / "text").read_text() == "1089-134686-0000 the thin boy sat\n"
+    # a subset in two splits is refused, naming both settings
+    assert prepare(["data", "--exp", str(exp), "data.corpus=librispeech", f"data.corpus_dir={corpus}",
+                    "data.dev_sets=[test-clean]"]) == 2

@@ -259,14 +259,14 @@ ngram 2=3
 
 
 def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
-    from recipe.evaluate import beam_decoder
+    from recipe.evaluate import word_lm
     from recipe.lib.config import ConfigError, load_config
 
     (tmp_path / "lm.arpa").write_text(ARPA)
     (tmp_path / "text").write_text("u1 a dog\n")  # what a trained LM would have learned instead
     conf = load_config(None, [f"decode.lm_arpa={tmp_path / 'lm.arpa'}", "decode.oov_penalty=5"]).decode
     (tmp_path / "out").mkdir()
-    lm = beam_decoder(conf, tmp_path / "text", tmp_path / "out", AB).keywords["lm"]
+    lm = word_lm(conf, tmp_path / "text", tmp_path / "out")
     assert lm.vocab == ["</s>", "<unk>", "cat", "hat"]  # the file's vocabulary, for the OOV penalty too
     assert lm.score([], "cat") == pytest.approx(-0.1 * math.log(10))  # a bigram of the file
     assert lm.score(["hat"], "</s>") == pytest.approx((-0.2 - 0.7) * math.log(10))  # backoff(hat) + p(</s>)
@@ -283,7 +283,7 @@ def test_your_own_arpa_lm_replaces_the_trained_one(tmp_path):
     (tmp_path / "closed.arpa").write_text(ARPA.replace("-2.0 <unk>\n", "").replace("ngram 1=5", "ngram 1=4"))
     closed = load_config(None, [f"decode.lm_arpa={tmp_path / 'closed.arpa'}"]).decode
     with pytest.raises(SystemExit, match="closed.arpa: the model has no <unk> unigram.*ngram-count with -unk"):
-        beam_decoder(closed, tmp_path / "text", tmp_path / "out", AB)
+        word_lm(closed, tmp_path / "text", tmp_path / "out")
 
 
 def test_flashlight_backend_needs_flashlight_text_and_a_word_lm(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model.lstm import LSTMAcousticModel
-from recipe.evaluate import aligned_words, decode_heldout, error_counts, error_report, evaluate
+from recipe.evaluate import aligned_words, decode_sets, error_counts, error_report, evaluate, greedy_decode
 from recipe.lib.config import load_config
 from recipe.lib.progress import progress_bar
 from recipe.report import summary_rows
@@ -94,36 +94,77 @@ class Exp:
         return self.root
 
 
-def test_decode_stage_writes_errs_txt_and_the_breakdown(tmp_path):
-    data, model = Heldout(5), LSTMAcousticModel(4, len(TOKENS), layers=1, hidden=8)
-    conf = load_config(None, ["decode.beam=2", "decode.lm_order=2", "decode.word_bonus=0.0"]).decode
+def decode(tmp_path, dev, test, *overrides):
+    model = LSTMAcousticModel(4, len(TOKENS), layers=1, hidden=8)
+    conf = load_config(None, ["decode.beam=2", "decode.lm_order=2", *overrides]).decode
     with progress_bar(enabled=False) as bar:  # no terminal: the tasks still count, nothing is drawn
-        result = decode_heldout(model, data, [[0, 1], [2, 3, 4]], Exp(tmp_path), conf, tmp_path, bar)
-        assert [(t.description, t.completed, t.total) for t in bar.tasks] == [("greedy", 5, 5),
-                                                                               ("beam search (2)", 5, 5)]
-    errs = (tmp_path / "errs.txt").read_text().splitlines()
-    lines = [line.split("\t") for line in errs if not line.startswith("#")]
-    assert sorted(utt for utt, *_ in lines) == [f"s-{k:02d}" for k in range(5)]
-    errors = [int(count.split("/")[0]) for _, count, _ in lines]
-    assert errors == sorted(errors, reverse=True)  # worst first
-    assert sum(errors) == sum(result["word_errors"].values())
-    words = sum(len(data.texts[k].split()) for k in range(5))
-    assert result["wer"] * words == pytest.approx(sum(errors))  # the same errors the WER counts
-    assert (tmp_path / "hyp.txt").read_text().count("\n") == 5
+        result = decode_sets(model, dev, test, Exp(tmp_path), conf, tmp_path, bar)
+        tasks = [(t.description, t.completed, t.total) for t in bar.tasks]
+    return result, tasks
 
 
-def test_the_final_table_gains_the_breakdown(tmp_path):
+def test_decode_stage_writes_errs_txt_and_the_breakdown(tmp_path):
+    dev, test = Heldout(5), Heldout(7)
+    result, tasks = decode(tmp_path, dev, test, "decode.word_bonus=0.0")
+    # dev through the network once and the beam at 3 LM weights (the bonus set by hand is not searched); then
+    # the test set once
+    assert tasks == [("dev: greedy", 5, 5), ("dev: beam 2 at 3 LM settings", 3, 3), ("test: greedy", 7, 7)]
+    assert [(r["lm_weight"], r["word_bonus"]) for r in result["dev"]["grid"]] == [(0.25, 0.0), (0.5, 0.0), (0.75, 0.0)]
+    for folder, data in ((tmp_path, test), (tmp_path / "dev", dev)):
+        errs = (folder / "errs.txt").read_text().splitlines()
+        lines = [line.split("\t") for line in errs if not line.startswith("#")]
+        assert sorted(utt for utt, *_ in lines) == [f"s-{k:02d}" for k in range(len(data.x))]
+        errors = [int(count.split("/")[0]) for _, count, _ in lines]
+        assert errors == sorted(errors, reverse=True)  # worst first
+        words = sum(len(data.texts[k].split()) for k in range(len(data.x)))
+        scores = result if data is test else result["dev"]
+        assert scores["wer"] * words == pytest.approx(sum(errors))  # the same errors the WER counts
+    assert (tmp_path / "hyp.txt").read_text().count("\n") == 7
+
+
+def rigged(good: tuple[float, float]):
+    """beam_decoder's stand-in: at the LM weight and word bonus `good` it decodes as greedy does; at any other
+    setting it says nonsense, many words of it."""
+    def make(conf, lm, arpa, tokens, lm_weight, word_bonus):
+        if (lm_weight, word_bonus) == good:
+            return greedy_decode
+        return lambda logits, lengths, tokens: ["b a " * 20] * len(logits)
+    return make
+
+
+def test_the_dev_set_chooses_the_lm_weight_and_bonus_and_greedy_when_the_beam_loses(tmp_path, monkeypatch):
+    import recipe.evaluate
+
+    monkeypatch.setattr(recipe.evaluate, "beam_decoder", rigged((0.75, 1.0)))
+    result, _ = decode(tmp_path, Heldout(5), Heldout(4))
+    assert (result["decode"]["lm_weight"], result["decode"]["word_bonus"]) == (0.75, 1.0)
+    assert result["decoder"] == "beam 2" and result["cer"] == result["greedy_cer"]  # the beam ties greedy: kept
+    assert len(result["dev"]["grid"]) == 9
+    # every setting ties: the grid's middle, the old fixed 0.5 and 2.0
+    monkeypatch.setattr(recipe.evaluate, "beam_decoder", lambda *a, **k: greedy_decode)
+    result, _ = decode(tmp_path, Heldout(5), Heldout(4))
+    assert (result["decode"]["lm_weight"], result["decode"]["word_bonus"]) == (0.5, 2.0)
+    # the beam loses to greedy at every setting: the test set is decoded greedily
+    monkeypatch.setattr(recipe.evaluate, "beam_decoder", rigged((9.0, 9.0)))
+    result, _ = decode(tmp_path, Heldout(5), Heldout(4))
+    assert result["decoder"] == "greedy" and result["wer"] == result["greedy_wer"]
+    assert result["dev"]["wer"] == result["dev"]["greedy_wer"] < min(r["wer"] for r in result["dev"]["grid"])
+
+
+def test_the_final_table_gives_dev_and_test_apart_with_the_breakdown(tmp_path):
     m = {"strategy": "sync", "learners": 2, "nodes": 1, "global_batch": 16, "precision": "fp32", "params": 1000,
          "epochs": 1, "wall_s": 60.0, "train_frames_per_s": 1000.0, "heldout_loss": 1.0, "cer": 0.1, "wer": 0.2}
     (tmp_path / "decode").mkdir()
-    scores = {"cer": 0.05, "wer": 0.1, "greedy_cer": 0.06, "greedy_wer": 0.12, "averaged": [],
-              "decode": {"beam": 8, "lm_order": 3}}
-    (tmp_path / "decode" / "scores.json").write_text(json.dumps(scores))
-    old = dict(summary_rows(tmp_path, m, [], (("cer", "CER"), ("wer", "WER"))))
-    assert "decode stage CER / WER" in old  # a scores.json of before the breakdown still reports
+    scores = {"cer": 0.05, "wer": 0.1, "greedy_cer": 0.06, "greedy_wer": 0.12, "averaged": [], "decoder": "beam 8",
+              "lm": "3-gram", "decode": {"beam": 8, "lm_order": 3, "lm_weight": 0.75, "word_bonus": 1.0},
+              "dev": {"cer": 0.04, "wer": 0.08, "greedy_cer": 0.07, "greedy_wer": 0.09}}
     scores.update(error_report([("u1", "a b c", "a x c d"), ("u2", "b", "")])[1])
     (tmp_path / "decode" / "scores.json").write_text(json.dumps(scores))
     rows = dict(summary_rows(tmp_path, m, [], (("cer", "CER"), ("wer", "WER"))))
+    assert rows["dev CER, last epoch (greedy)"] == "10.00%"
+    assert rows["decoder, chosen on dev"] == "beam 8, LM weight 0.75, word bonus 1.0"
+    assert rows["dev CER / WER, decoded"] == "4.00% / 8.00% (greedy 7.00% / 9.00%)"
+    assert rows["[bold]test CER / WER, decoded once[/bold]"] == "[bold]5.00% / 10.00%[/bold] (greedy 6.00% / 12.00%)"
     # words: b->x substituted, d inserted, b (u2) deleted; chars: b->x, " d" inserted, b deleted
-    assert rows["  substitutions / deletions / insertions"] == "chars 1 / 1 / 2  words 1 / 1 / 1"
+    assert rows["  test substitutions / deletions / insertions"] == "chars 1 / 1 / 2  words 1 / 1 / 1"
     assert rows["  each utterance aligned, worst first"].endswith("errs.txt")

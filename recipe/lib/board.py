@@ -2,7 +2,8 @@
 
 The x axis is global progress in optimizer updates, epoch x updates per epoch, the same for every strategy:
 under ADPSGD learner 0's own step count would run slow or fast against the run. EXP/train_log.jsonl stays the
-machine-readable record; these are its curves, plus the per-step ones it does not keep.
+machine-readable record; these are its curves, plus the per-step ones it does not keep. The per-epoch scores are
+the dev set's: training never reads the test set (the decode stage's scores.json has it).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 PER_EPOCH = {  # training log key -> TensorBoard tag
-    "train_loss": "train/epoch_loss", "heldout_loss": "heldout/loss", "cer": "heldout/cer", "wer": "heldout/wer",
-    "frame_acc": "heldout/frame_acc", "empty_output": "heldout/empty_output", "lr": "train/lr_at_epoch_end",
+    "train_loss": "train/epoch_loss", "heldout_loss": "dev/loss", "cer": "dev/cer", "wer": "dev/wer",
+    "frame_acc": "dev/frame_acc", "empty_output": "dev/empty_output", "lr": "train/lr_at_epoch_end",
     "train_frames_per_s": "train/epoch_frames_per_s", "skipped_steps": "train/skipped_steps",
     "consensus_distance": "comm/consensus_distance", "gossip_rounds": "comm/gossip_rounds",
     "gossip_bytes_sent": "comm/gossip_bytes_sent", "gossip_rounds_skipped": "comm/gossip_rounds_skipped",

@@ -32,26 +32,37 @@ class DataConf:
     corpus: str = "synth"
     train_dir: Optional[str] = None  # Kaldi data dirs (wav.scp, text, optional utt2spk, segments)
     test_dir: Optional[str] = None
+    # the dev set: every decision of training and decoding is made on it, and the test set is decoded once, at
+    # the end. A Kaldi data dir; else the corpus's own (synth: voices of its own; librispeech: data.dev_sets);
+    # else carved out of the training data (recipe/lib/splits.py): whole speakers where the training set has at
+    # least 10, else utterances, dev_share of them but at least dev_min_utterances (never over 2 x dev_share)
+    dev_dir: Optional[str] = None
+    dev_share: float = 0.05
+    dev_min_utterances: int = 100
     corpus_dir: Optional[str] = None  # a public corpus's local folder, in its distribution layout
     heldout_speakers: List[str] = field(default_factory=list)  # fsdd: their recordings are the test set
     train_sets: List[str] = field(default_factory=list)  # librispeech: subsets for training (train-clean-100)
-    test_sets: List[str] = field(default_factory=list)  # ... and for the held-out set (test-clean)
+    test_sets: List[str] = field(default_factory=list)  # ... and for the test set (test-clean)
+    dev_sets: List[str] = field(default_factory=list)  # ... and for the dev set (dev-clean where the folder has it)
     # frame targets for the CE objective (train.objective=ce): Kaldi alignments (`ali-to-pdf` text, or .scp/.ark);
     # unset: the data dir's phones.ctm with its phones.txt (the built-in corpus writes them from espeak-ng's
     # phoneme timings)
     train_ali: Optional[str] = None
     test_ali: Optional[str] = None
+    dev_ali: Optional[str] = None  # unset: train_ali's (it covers a dev set carved out of the training data)
     ali_tolerance: int = 2  # frames an alignment may differ from its features (cut or last target repeated)
     # speaker vectors (Kaldi i-vectors, .scp/.ark or text), keyed by utterance or by speaker, appended to every frame
     train_ivectors: Optional[str] = None
     test_ivectors: Optional[str] = None
+    dev_ivectors: Optional[str] = None  # unset: train_ivectors'
     chunk_frames: int = 21  # CE trains and scores non-overlapping chunks of this many frames (the paper's 21)
     states_per_phone: int = 1  # CE from a phone CTM: 3 = phone-position states (begin/middle/end), as HMM states
     on_bad_utterance: str = "error"  # error: stop before training, naming it; skip: leave it out and count it
     mix_synth: int = 0  # synthesized utterances (the built-in corpus's voices) added to a real training set
     sample_rate: int = 16000  # audio is resampled to this rate
     synth_train: int = 3000  # utterances in the synthesized training set
-    synth_test: int = 300  # utterances in the synthesized held-out set
+    synth_test: int = 300  # utterances in the synthesized test set
+    synth_dev: int = 200  # utterances in the synthesized dev set (voices neither train nor test has)
     synth_seed: int = 0
     max_utt_seconds: float = 30.0  # longer utterances are skipped with a warning (memory of a padded batch)
     # 0: all; N: N training utterances, evenly spaced in id order (Kaldi's utils/subset_data_dir.sh)
@@ -165,21 +176,21 @@ class OptimConf:
     warmup_epochs: float = 1.0
     anneal_factor: float = 0.7071067811865476  # lr *= this every annealed epoch (1/sqrt(2), as in the paper)
     # when annealing starts and training ends (recipe/lib/schedule.py): fixed: the planned epochs (train.epochs,
-    # train.min_updates), annealed over their second half; newbob: the peak lr while the held-out loss improves,
+    # train.min_updates), annealed over their second half; newbob: the peak lr while the dev loss improves,
     # then annealing, and the end when it no longer improves (at most train.max_epochs)
     schedule: str = "newbob"
     # fixed: the first annealed epoch (1-based); null: the epoch after the first half (3 of 4, 6 of 10). newbob
     # never anneals before that epoch either
     anneal_start_epoch: Optional[int] = None
-    # newbob anneals after an epoch whose held-out loss is not this fraction below the best before it; 0.1:
+    # newbob anneals after an epoch whose dev loss is not this fraction below the best before it; 0.1:
     # the built-in corpus anneals at epoch 6 instead of spiking at the peak lr in epoch 8 (ACCURACY.md section 6)
     newbob_margin: float = 0.1
     # training ends after this many annealed epochs in a row that gain less than a tenth of the margin on the best
     # loss since annealing started (never before the planned epochs) ...
     newbob_patience: int = 2
     newbob_anneal_epochs: int = 6  # ... or after this many annealed epochs (lr down to 1/8 of the peak)
-    # a held-out loss gain below this (nats a token or frame) is no gain for either test, whatever the margins: near
-    # a loss of 0 their fractions ask for gains no held-out set resolves (ACCURACY.md section 6)
+    # a dev loss gain below this (nats a token or frame) is no gain for either test, whatever the margins: near
+    # a loss of 0 their fractions ask for gains no dev set resolves (ACCURACY.md section 6)
     newbob_min_gain: float = 0.001
 
 
@@ -195,7 +206,7 @@ class TrainConf:
     seed: int = 0
     num_threads: int = 0  # torch threads per learner; 0 = cores / learners on this node
     log_interval: int = 20  # steps between progress lines
-    keep_checkpoints: int = 3  # the best by held-out loss, besides the latest (which --resume continues)
+    keep_checkpoints: int = 3  # the best by dev loss, besides the latest (which --resume continues)
     # a learner that hangs fails the others' collectives after this long (a dead one fails them at once)
     collective_timeout_s: float = 600.0
     max_bad_steps: int = 5  # optimizer steps in a row with a non-finite loss or gradient before the run stops
@@ -203,18 +214,23 @@ class TrainConf:
 
 @dataclass
 class DecodeConf:
-    """The decode stage (recipe/evaluate.py); the per-epoch held-out scores during training stay greedy."""
-    # average the weights of the N checkpoints of lowest held-out loss (1: the latest alone) ...
+    """The decode stage (recipe/evaluate.py); the per-epoch dev scores during training stay greedy."""
+    # average the weights of the N checkpoints of lowest dev loss (1: the latest alone) ...
     average_best: int = 3
-    # ... those of them whose held-out loss is at most (1 + average_within) x the best (null: all): an epoch still
+    # ... those of them whose dev loss is at most (1 + average_within) x the best (null: all): an epoch still
     # far from converged pulls the average off (ACCURACY.md section 5: better on 6 runs of 6)
     average_within: Optional[float] = 0.2
     beam: int = 8  # CTC prefix beam search of this width (recipe/lib/decode.py); 0 = greedy
     lm_order: int = 3  # word n-gram LM from the training transcripts, fused in the beam search; 0 = none
     # or your own word LM, an ARPA file (e.g. a Switchboard 4-gram with <unk>), used instead of training one
     lm_arpa: Optional[str] = None
-    lm_weight: float = 0.5  # LM log-probability weight (shallow fusion)
-    word_bonus: float = 2.0  # added per word: offsets the LM's cost per word (else words get dropped)
+    # LM log-probability weight (shallow fusion) and a bonus added per word, which offsets the LM's cost per word
+    # (else words get dropped); null: the pair of lowest dev WER over the grid lm_weights x word_bonuses (ties:
+    # the grid's middle); a value set here is used as it is
+    lm_weight: Optional[float] = None
+    word_bonus: Optional[float] = None
+    lm_weights: List[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    word_bonuses: List[float] = field(default_factory=lambda: [1.0, 2.0, 3.0])
     oov_penalty: float = 0.0  # per word outside the LM's vocabulary, charged as its spelling leaves it
     # the beam search with the LM: numpy (recipe/lib/decode.py), or flashlight: flashlight-text's C++ lexicon
     # decoder over the LM's vocabulary (recipe/lib/decode_flashlight.py; optional: pip install flashlight-text),
@@ -307,6 +323,9 @@ def validate(cfg: DictConfig) -> None:
                           f"optim.newbob_min_gain={cfg.optim.newbob_min_gain} >= 0, and "
                           f"optim.newbob_patience={cfg.optim.newbob_patience} and optim.newbob_anneal_epochs="
                           f"{cfg.optim.newbob_anneal_epochs} >= 1")
+    if not 0 < cfg.data.dev_share < 0.5 or cfg.data.dev_min_utterances < 1 or cfg.data.synth_dev < 1:
+        raise ConfigError(f"data.dev_share={cfg.data.dev_share} must be in (0, 0.5), data.dev_min_utterances="
+                          f"{cfg.data.dev_min_utterances} and data.synth_dev={cfg.data.synth_dev} >= 1")
     if cfg.train.max_minutes is not None and cfg.train.max_minutes <= 0 or cfg.data.train_utterances < 0:
         raise ConfigError(f"train.max_minutes={cfg.train.max_minutes} must be > 0 (or null) and "
                           f"data.train_utterances={cfg.data.train_utterances} >= 0")
@@ -323,6 +342,11 @@ def _check_decode(decode: DictConfig) -> None:
     if decode.beam < 0 or decode.lm_order < 0:
         raise ConfigError(f"decode.beam and decode.lm_order must be >= 0, got {decode.beam}, {decode.lm_order}")
     has_lm = bool(decode.lm_order or decode.lm_arpa)
+    grid = [decode.lm_weight, decode.word_bonus, *decode.lm_weights, *decode.word_bonuses]
+    if any(v is not None and not v >= 0 for v in grid) or not (decode.lm_weights and decode.word_bonuses):
+        raise ConfigError(f"decode.lm_weight, word_bonus, lm_weights and word_bonuses must be >= 0 and the lists not "
+                          f"empty, got {decode.lm_weight}, {decode.word_bonus}, {list(decode.lm_weights)}, "
+                          f"{list(decode.word_bonuses)}")
     if decode.oov_penalty < 0 or (decode.oov_penalty and not has_lm):
         raise ConfigError(f"decode.oov_penalty={decode.oov_penalty} must be >= 0 and needs the LM's vocabulary "
                           f"(decode.lm_order > 0, got {decode.lm_order}, or decode.lm_arpa)")

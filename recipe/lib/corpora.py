@@ -64,7 +64,8 @@ def prepare_fsdd(corpus_dir: Path, out: Path, data) -> None:
 
     Test set: the held-out speakers' recordings, all of them (speaker-independent), or with no speaker held
     out, the dataset's own split (takes 0-4 of every speaker)."""
-    refuse_unused(data, "fsdd", "its split is by speaker (data.heldout_speakers) or by take", "train_sets", "test_sets")
+    refuse_unused(data, "fsdd", "its split is by speaker (data.heldout_speakers) or by take", "train_sets", "test_sets",
+                  "dev_sets")
     heldout_speakers = list(data.heldout_speakers)
     recordings = corpus_dir / "recordings"
     if not recordings.is_dir():
@@ -91,29 +92,36 @@ def prepare_fsdd(corpus_dir: Path, out: Path, data) -> None:
 
 # --- LibriSpeech ------------------------------------------------------------------------------------------------
 
-LIBRISPEECH_DEFAULT_SETS = {"train": ["train-clean-100"], "test": ["test-clean"]}
+LIBRISPEECH_DEFAULT_SETS = {"train": ["train-clean-100"], "test": ["test-clean"], "dev": ["dev-clean"]}
 LIBRISPEECH_LINE = re.compile(r"^(?P<chapter>(?P<speaker>[0-9]+)-[0-9]+)-[0-9]+ +(?P<text>\S.*)$")
 
 
 def prepare_librispeech(corpus_dir: Path, out: Path, data) -> None:
     """LibriSpeech: `<subset>/<speaker>/<chapter>/<speaker>-<chapter>-<nnnn>.flac`, the chapter's transcripts in
-    `<speaker>-<chapter>.trans.txt` (`<utterance id> TRANSCRIPT`). Splits: the subsets data.train_sets and
-    data.test_sets name (default train-clean-100 and test-clean)."""
-    refuse_unused(data, "librispeech", "its splits are subsets (data.train_sets, data.test_sets)", "heldout_speakers")
+    `<speaker>-<chapter>.trans.txt` (`<utterance id> TRANSCRIPT`). Splits: the subsets data.train_sets,
+    data.test_sets and data.dev_sets name (default train-clean-100, test-clean, and dev-clean where the folder
+    has it: without a dev subset, stage 1 carves the dev set out of training)."""
+    refuse_unused(data, "librispeech", "its splits are subsets (data.train_sets, data.test_sets, data.dev_sets)",
+                  "heldout_speakers")
+    present = sorted(p.name for p in corpus_dir.iterdir() if p.is_dir())
     sets = {"train": list(data.train_sets) or LIBRISPEECH_DEFAULT_SETS["train"],
             "test": list(data.test_sets) or LIBRISPEECH_DEFAULT_SETS["test"]}
-    shared = sorted(set(sets["train"]) & set(sets["test"]))
-    if shared:
-        raise DataError(f"data.train_sets and data.test_sets share {shared}: the test set must be held out")
-    present = sorted(p.name for p in corpus_dir.iterdir() if p.is_dir())
-    for subset in sets["train"] + sets["test"]:
+    taken = sets["train"] + sets["test"]
+    sets["dev"] = list(data.dev_sets) or [s for s in LIBRISPEECH_DEFAULT_SETS["dev"] if s in present and s not in taken]
+    if not sets["dev"]:
+        del sets["dev"]
+    for a, b in (("train", "test"), ("train", "dev"), ("test", "dev")):
+        shared = sorted(set(sets[a]) & set(sets.get(b, [])))
+        if shared:
+            raise DataError(f"data.{a}_sets and data.{b}_sets share {shared}: the {b} set must be held out")
+    for subset in [s for subsets in sets.values() for s in subsets]:
         if not (corpus_dir / subset).is_dir():
             raise DataError(f"{corpus_dir}: no subset folder {subset}/; subsets present: "
                             f"{', '.join(present) or 'none'}")
     seen: dict[str, str] = {}
     splits = {split: [u for subset in dict.fromkeys(subsets) for u in librispeech_subset(corpus_dir / subset, seen)]
               for split, subsets in sets.items()}
-    write_splits(corpus_dir, splits, out, f"train: {', '.join(sets['train'])}; test: {', '.join(sets['test'])}")
+    write_splits(corpus_dir, splits, out, "; ".join(f"{split}: {', '.join(subsets)}" for split, subsets in sets.items()))
 
 
 def librispeech_subset(subset: Path, seen: dict[str, str]) -> list[Utterance]:
@@ -154,7 +162,7 @@ def prepare_an4(corpus_dir: Path, out: Path, data) -> None:
     `.raw` (headerless, converted to WAV under `out/wav/<split>/`, since the recipe reads audio with libsndfile,
     which cannot guess a headerless file's format)."""
     refuse_unused(data, "an4", "its splits are fixed by etc/an4_{train,test}.fileids",
-                  "heldout_speakers", "train_sets", "test_sets")
+                  "heldout_speakers", "train_sets", "test_sets", "dev_sets")
     root = corpus_dir if (corpus_dir / "etc").is_dir() else corpus_dir / "an4"
     if not (root / "etc").is_dir():
         raise DataError(f"{corpus_dir}: no etc/ or an4/etc/ folder (the AN4 layout is an4/etc/an4_train.fileids, "
@@ -233,8 +241,9 @@ PREPARERS: dict[str, Callable[[Path, Path, object], None]] = {
 
 
 def prepare_corpus(name: str, data, out: Path) -> dict[str, Path]:
-    """-> {"train": data dir, "test": data dir}, written under `out` (skipped when done before). `data` is the
-    recipe's data section: data.corpus_dir, and the split settings the corpus uses."""
+    """-> {"train": data dir, "test": data dir[, "dev": data dir where the corpus has its own]}, written under
+    `out` (skipped when done before). `data` is the recipe's data section: data.corpus_dir, and the split settings
+    the corpus uses."""
     if name not in PREPARERS:
         raise DataError(f"unknown corpus {name!r}; valid: {', '.join(PREPARERS)}")
     if not data.corpus_dir:
@@ -245,4 +254,4 @@ def prepare_corpus(name: str, data, out: Path) -> dict[str, Path]:
     if not (out / ".done").is_file():
         PREPARERS[name](folder, out, data)
         (out / ".done").touch()
-    return {"train": out / "train", "test": out / "test"}
+    return {split: out / split for split in ("train", "test", "dev") if (out / split).is_dir()}

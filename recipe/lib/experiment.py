@@ -2,10 +2,11 @@
 
     EXP/conf.yaml            resolved recipe config used for training (schema <- --conf <- overrides)
     EXP/ds_config.json       the DeepSpeed JSON used for training;  EXP/launch.txt  the launch command
-    EXP/data/{train,test}/   clean Kaldi data dirs;  EXP/data/tokens.txt;  EXP/data/prep.json (what was skipped)
-    EXP/features.json        where the feature caches of train and test are
-    EXP/targets/{train,test}/  frame targets of the CE objective (recipe/lib/targets.py)
-    EXP/vectors/{train,test}.npz  speaker vectors by utterance, when the data has them
+    EXP/data/{train,dev,test}/  clean Kaldi data dirs;  EXP/data/tokens.txt;  EXP/data/prep.json (how the dev
+                             set was chosen, what was skipped)
+    EXP/features.json        where the feature caches of train, dev and test are
+    EXP/targets/{train,dev,test}/  frame targets of the CE objective (recipe/lib/targets.py)
+    EXP/vectors/{train,dev,test}.npz  speaker vectors by utterance, when the data has them
     EXP/checkpoints/         epoch-NNN.pt (atomic, pruned);  EXP/train_log.jsonl;  EXP/metrics.json
 """
 
@@ -107,7 +108,7 @@ class Experiment:
         return sorted(found)
 
     def save_checkpoint(self, state: dict, epoch: int, keep: int, losses: dict[int, float] | None = None) -> Path:
-        """Writes epoch's checkpoint; keeps the latest (for --resume) and the `keep` best by held-out loss
+        """Writes epoch's checkpoint; keeps the latest (for --resume) and the `keep` best by dev loss
         (`losses`: epoch -> loss; without them, the latest `keep`)."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"epoch-{epoch:03d}.pt"
@@ -140,8 +141,8 @@ class Experiment:
     def load_model(self, path: str | Path | None = None, average: int = 1,
                    within: float | None = None) -> tuple[LSTMAcousticModel, dict]:
         """The model of a checkpoint (default: the latest), or the average of the weights of the `average`
-        checkpoints of lowest held-out loss, or of all there are if fewer (ESPnet's practice: it smooths the
-        epoch-to-epoch swings of a small corpus). within: of those, only the ones whose held-out loss is at most
+        checkpoints of lowest dev loss, or of all there are if fewer (ESPnet's practice: it smooths the
+        epoch-to-epoch swings of a small corpus). within: of those, only the ones whose dev loss is at most
         (1 + within) x the best are averaged; an epoch far from the others (training not converged yet) would
         pull the average off (None: all of them)."""
         state = self.load_checkpoint(path)
@@ -163,7 +164,7 @@ def epoch_of(checkpoint: Path) -> int:
 
 
 def heldout_loss(checkpoint: dict) -> float | None:
-    """The held-out loss of the epoch a checkpoint ends, from the training state it carries."""
+    """The dev loss of the epoch a checkpoint ends, from the training state it carries."""
     return checkpoint.get("train_state", {}).get("history", [{}])[-1].get("heldout_loss")
 
 
@@ -177,7 +178,7 @@ def best_by_loss(items: list, losses: list[float | None], n: int) -> list:
 
 
 def close_to_the_best(checkpoints: list[dict], within: float) -> list[dict]:
-    """The checkpoints whose epoch's held-out loss is at most (1 + within) x the lowest finite one; one without a
+    """The checkpoints whose epoch's dev loss is at most (1 + within) x the lowest finite one; one without a
     recorded loss is kept, and all are when none is finite."""
     losses = [heldout_loss(c) for c in checkpoints]
     best = min((loss for loss in losses if loss is not None and math.isfinite(loss)), default=None)

@@ -49,7 +49,7 @@ MIN_SPEAKERS = 4                          # tiny corpora still get a few voices
 SNR_DB = (15.0, 35.0)
 PAD_SECONDS = (0.05, 0.3)
 PEAK = 0.9
-SPLIT_CODES = {"train": 0, "test": 1}
+SPLIT_CODES = {"train": 0, "test": 1, "dev": 2}
 SIL = "sil"                               # every pause phoneme and all leading/trailing/inter-word silence
 
 # espeak-ng speak_lib.h constants
@@ -230,8 +230,8 @@ def to_ssml(words: list[str]) -> str:
     return "<speak>" + " ".join(spoken) + "</speak>"
 
 
-def make_speakers(seed: int, n_train: int, n_test: int) -> dict[str, list[tuple]]:
-    """Split the (variant, rate, pitch) grid into disjoint train/test speakers. Speakers are dealt round-robin
+def make_speakers(seed: int, n_train: int, n_test: int, n_dev: int = 0) -> dict[str, list[tuple]]:
+    """Split the (variant, rate, pitch) grid into disjoint train/dev/test speakers. Speakers are dealt round-robin
     over variants, so training covers every variant (given >= len(VARIANTS) training speakers)."""
     rng = np.random.default_rng([seed, 1000])
     per_variant = {v: [(v, r, p) for r in RATES for p in PITCHES] for v in VARIANTS}
@@ -240,10 +240,11 @@ def make_speakers(seed: int, n_train: int, n_test: int) -> dict[str, list[tuple]
     order = list(rng.permutation(VARIANTS))
     grid_size = len(VARIANTS) * len(RATES) * len(PITCHES)
     n_spk = {split: max(math.ceil(n / UTTS_PER_SPEAKER), min(n, MIN_SPEAKERS)) for split, n in
-             (("train", n_train), ("test", n_test))}
-    n_spk["train"] = min(n_spk["train"], grid_size - n_spk["test"])  # huge corpora: more utterances per speaker
+             (("train", n_train), ("test", n_test), ("dev", n_dev))}
+    # huge corpora: more utterances per speaker
+    n_spk["train"] = min(n_spk["train"], grid_size - n_spk["test"] - n_spk["dev"])
     speakers = {}
-    for split in ("test", "train"):  # test first, so it never runs out of unseen combinations
+    for split in ("test", "dev", "train"):  # held-out sets first, so they never run out of unseen combinations
         chosen = []
         for i in range(n_spk[split]):
             for j in range(len(order)):  # next variant (round-robin) that still has unused combinations
@@ -368,8 +369,8 @@ def write_kaldi_dir(data_dir: Path, utts: list[tuple[str, str, str, str, list]])
 
 
 def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 300, seed: int = 0,
-                      sample_rate: int = 16000, num_workers: int = 2, progress: bool = True) -> dict:
-    """Writes out_dir/train and out_dir/test as Kaldi data dirs (wav.scp, text, utt2spk, spk2utt, all sorted by
+                      sample_rate: int = 16000, num_workers: int = 2, progress: bool = True, n_dev: int = 0) -> dict:
+    """Writes out_dir/train, out_dir/test (and out_dir/dev, with n_dev) as Kaldi data dirs (wav.scp, text, utt2spk, spk2utt, all sorted by
     utterance id, utterance ids prefixed by speaker id so sorting is consistent), audio as 16-bit PCM WAV under
     out_dir/wav/{train,test}/<utt>.wav with ABSOLUTE paths in wav.scp, phone timings as phones.ctm in each data dir
     and their symbol table as out_dir/phones.txt (sil = 0, the others sorted). Returns a summary dict (counts,
@@ -377,9 +378,10 @@ def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 30
     espeak_paths()  # fail fast, in this process, with a clear message
     out_dir = Path(out_dir).resolve()
     start = time.time()
-    speakers = make_speakers(seed, n_train, n_test)
+    speakers = make_speakers(seed, n_train, n_test, n_dev)
+    sizes = {"train": n_train, "test": n_test, **({"dev": n_dev} if n_dev else {})}
     jobs, entries = [], []
-    for split, n in (("train", n_train), ("test", n_test)):
+    for split, n in sizes.items():
         (out_dir / "wav" / split).mkdir(parents=True, exist_ok=True)
         for i in range(n):
             spk = speakers[split][i % len(speakers[split])]
@@ -407,7 +409,7 @@ def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 30
     (out_dir / "phones.txt").write_text("".join(f"{p} {i}\n" for i, p in enumerate([SIL] + sorted(inventory))))
     summary: dict = {"out_dir": str(out_dir), "seed": seed, "sample_rate": sample_rate,
                      "phones": len(inventory) + 1}
-    for split in ("train", "test"):
+    for split in sizes:
         rows = [(e, r) for e, r in zip(entries, results) if e[0] == split]
         write_kaldi_dir(out_dir / split, [e[1:5] + (segments,) for e, (_, segments) in rows])
         summary[split] = {"utterances": len(rows), "speakers": len({e[2] for e, _ in rows}),
@@ -423,12 +425,13 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--n-train", type=int, default=3000)
     ap.add_argument("--n-test", type=int, default=300)
+    ap.add_argument("--n-dev", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample-rate", type=int, default=16000)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     print(json.dumps(synthesize_corpus(args.out, args.n_train, args.n_test, args.seed, args.sample_rate,
-                                       args.workers), indent=2))
+                                       args.workers, n_dev=args.n_dev), indent=2))
 
 
 if __name__ == "__main__":

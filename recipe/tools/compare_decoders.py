@@ -1,6 +1,6 @@
 """The numpy beam search against flashlight-text's lexicon decoder (``decode.backend``) on the same model
-outputs: the held-out set's logits are computed once, then decoded by each backend with the same ARPA file,
-beam, LM weight and word bonus. Printed, and written to EXP/OUT/compare.json: the seconds each
+outputs: the dev set's logits are computed once, then decoded by each backend with the same ARPA file, beam,
+LM weight and word bonus (the decode stage's choice, or as set). Printed, and written to EXP/OUT/compare.json: the seconds each
 decoder took (decoding alone: the model's forward pass is shared and not timed), the CER/WER of each, how many
 hypotheses are identical, and the ones that differ (ACCURACY.md section 7).
 
@@ -15,29 +15,30 @@ import sys
 import time
 from typing import Callable
 
-import torch
+from omegaconf import OmegaConf
 
-from recipe.evaluate import beam_decoder, error_counts
+from recipe.evaluate import Pass, batches_of, beam_decoder, error_counts, word_lm
 from recipe.lib.config import load_config
-from recipe.lib.dataset import BucketBatchSampler
 from recipe.lib.experiment import Experiment
 
 
-@torch.no_grad()
-def heldout_logits(exp: Experiment, conf) -> tuple[list, list[str], list[str]]:
-    """-> ([(logits, lengths)] per batch, references, utterance ids), with the decode stage's averaged model."""
-    model, _ = exp.load_model(None, conf.decode.average_last, conf.decode.average_within)
-    model.eval()
-    data = exp.dataset("test")
-    batches = BucketBatchSampler(data.lengths, 16, shuffle=False).epoch_batches(0)
-    outputs, refs, utts = [], [], []
-    for batch in batches:
-        b = data.collate(batch)
-        logits, lengths = model(b["feats"], b["lengths"])
-        outputs.append((logits.float(), lengths))
-        refs += [data.texts[k] for k in batch]
-        utts += [data.utt(k) for k in batch]
-    return outputs, refs, utts
+def dev_outputs(exp: Experiment, conf) -> Pass:
+    """The dev set through the decode stage's averaged model, once."""
+    model, _ = exp.load_model(None, conf.decode.average_best, conf.decode.average_within)
+    data = exp.dataset("dev")
+    return Pass(model, data, batches_of(data), exp.tokens)
+
+
+def decode_weights(exp: Experiment, decode) -> dict:
+    """The LM weight and word bonus: as set on the command line, else the decode stage's choice on dev."""
+    scores = exp.root / "decode" / "scores.json"
+    chosen = json.loads(scores.read_text())["decode"] if scores.is_file() else {}
+    weights = {k: decode[k] if decode[k] is not None else chosen.get(k) for k in ("lm_weight", "word_bonus")}
+    missing = [k for k, v in weights.items() if v is None]
+    if missing:
+        raise SystemExit(f"compare_decoders: no decode stage has chosen {missing} yet ({scores}): run it, or set "
+                         f"{' and '.join(f'decode.{k}=...' for k in missing)}")
+    return weights
 
 
 def compare(outputs: list, refs: list[str], utts: list[str], tokens: list[str],
@@ -69,12 +70,15 @@ def main(argv=None) -> int:
     out.mkdir(exist_ok=True)
     confs = {name: load_config(exp.root / "conf.yaml", [*args.overrides, f"decode.backend={name}"])
              for name in ("numpy", "flashlight")}
-    outputs, refs, utts = heldout_logits(exp, confs["numpy"])
-    # the numpy backend's call trains the LM and writes out/lm.arpa (unless decode.lm_arpa): flashlight reads it
-    decoders = {name: beam_decoder(conf.decode, exp.data_dir("train") / "text", out, exp.tokens)
-                for name, conf in confs.items()}
-    result = {"decode": {k: v for k, v in confs["numpy"].decode.items() if k != "backend"},
-              **compare(outputs, refs, utts, exp.tokens, decoders)}
+    dev = dev_outputs(exp, confs["numpy"])
+    refs, utts = [r for _, r, _ in dev.greedy], [u for u, _, _ in dev.greedy]
+    decode = confs["numpy"].decode
+    lm = word_lm(decode, exp.data_dir("train") / "text", out)  # writes out/lm.arpa (unless decode.lm_arpa)
+    arpa = decode.lm_arpa or out / "lm.arpa"
+    weights = decode_weights(exp, decode)
+    decoders = {name: beam_decoder(conf.decode, lm, arpa, exp.tokens, **weights) for name, conf in confs.items()}
+    result = {"decode": {**{k: v for k, v in OmegaConf.to_container(decode).items() if k != "backend"}, **weights},
+              **compare(dev.outputs, refs, utts, exp.tokens, decoders)}
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "differ"}))
     for d in result["differ"]:
