@@ -49,7 +49,9 @@ def settings(root) -> list[str]:
     return ["data.corpus=kaldi", f"data.train_dir={root / 'train'}", f"data.test_dir={root / 'test'}",
             f"data.train_ali={root / 'train_ali.txt'}", f"data.test_ali={root / 'test_ali.txt'}",
             f"data.train_ivectors={root / 'train_ivectors_spk.txt'}",
-            f"data.test_ivectors={root / 'test_ivectors_spk.txt'}", "train.objective=ce", "model.stack=1",
+            f"data.test_ivectors={root / 'test_ivectors_spk.txt'}", f"data.dev_dir={root / 'dev'}",
+            f"data.dev_ali={root / 'dev_ali.txt'}", f"data.dev_ivectors={root / 'dev_ivectors_spk.txt'}",
+            "train.objective=ce", "model.stack=1",
             "model.layers=1", "model.hidden=32", "data.chunk_frames=21", "train.epochs=3", "optim.lr=1e-2",
             "optim.base_batch=8", "train.min_updates=0", "optim.schedule=fixed", "train.log_interval=1000"]
 
@@ -58,6 +60,7 @@ def settings(root) -> list[str]:
 def kaldi_setup(tmp_path):
     kaldi_dir(tmp_path, "train", ["spkA", "spkB", "spkC"], 1)
     kaldi_dir(tmp_path, "test", ["spkD"], 2)
+    kaldi_dir(tmp_path, "dev", ["spkE"], 3)
     return tmp_path
 
 
@@ -69,7 +72,7 @@ def test_kaldi_features_alignments_and_ivectors_train_with_ce(kaldi_setup):
     argv = ["--exp", str(exp), "--ds-config", str(REPO / "ds_configs" / "sync.json"), *settings(root)]
     metrics, _ = run_learners(train_learner, 2, argv)
     log = train_log(exp)
-    assert metrics["objective"] == "ce" and metrics["train_utterances"] == 18 and metrics["test_utterances"] == 6
+    assert metrics["objective"] == "ce" and metrics["train_utterances"] == 18 and metrics["dev_utterances"] == 6
     assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
     assert metrics["frame_acc"] > 0.6  # 4 classes: chance is about 0.25
     # input = 13 Kaldi feature dims + the 3-dim i-vector on every frame
@@ -77,6 +80,7 @@ def test_kaldi_features_alignments_and_ivectors_train_with_ce(kaldi_setup):
     scores = json.loads((exp / "decode" / "scores.json").read_text())
     loglikes = dict(kaldiio.load_scp(scores["loglikes"]))
     assert scores["utterances"] == 6 and sorted(loglikes) == [f"spkD-test{u:02d}" for u in range(6)]
+    assert scores["dev"]["frame_acc"] > 0.6  # the dev set's own alignments and i-vectors (data.dev_ali, dev_ivectors)
     assert all(v.shape[1] == CLASSES for v in loglikes.values())
 
 

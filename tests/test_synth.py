@@ -80,6 +80,11 @@ def test_held_out_speakers(corpora):
     train, test = {s[:3] for s in spk["train"]}, {s[:3] for s in spk["test"]}
     assert not train & test and len(spk["test"]) == 12 and len(spk["train"]) == 120
     assert {s[0] for s in train} == set(VARIANTS) and {s[0] for s in test} <= set(VARIANTS)
+    # the dev set's voices are its own: neither training nor the test set has them; the test set keeps its voices
+    spk = make_speakers(0, 3000, 300, 200)
+    dev = {s[:3] for s in spk["dev"]}
+    assert len(dev) == 8 and not dev & {s[:3] for s in spk["train"]} and not dev & test
+    assert {s[:3] for s in spk["test"]} == test
 
 
 def test_deterministic_regardless_of_workers(corpora):

@@ -60,10 +60,10 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
 
     board = EventAccumulator(str(straight / "tensorboard"))
     board.Reload()
-    cer = board.Scalars("heldout/cer")
+    cer = board.Scalars("dev/cer")
     assert [e.step for e in cer] == [6, 12] and [e.value for e in cer] == pytest.approx(
         [r["cer"] for r in train_log(straight)], rel=1e-6)  # 96 utterances / (8 x 2 learners): 6 updates an epoch
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/frames_per_s", "heldout/loss", "heldout/wer",
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/frames_per_s", "dev/loss", "dev/wer",
             "train/skipped_steps", "comm/lost_learners"} <= set(board.Tags()["scalars"])
     assert all(e.value > 0 for e in board.Scalars("train/grad_norm"))
 
