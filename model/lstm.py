@@ -36,10 +36,10 @@ class LSTMAcousticModel(nn.Module):
         steps = T // self.stack
         x = feats[:, : steps * self.stack].reshape(B, steps, D * self.stack)  # (B, T/S, S*D)
         out_lengths = self.output_lengths(lengths)
-        if self.packed:
-            x = nn.utils.rnn.pack_padded_sequence(x, out_lengths.cpu(), batch_first=True, enforce_sorted=False)
-            h, _ = self.lstm(x)
-            h, _ = nn.utils.rnn.pad_packed_sequence(h, batch_first=True, total_length=steps)
+        if self.packed:  # names of their own: TorchScript (recipe.transcribe's export) types every name once
+            packed = nn.utils.rnn.pack_padded_sequence(x, out_lengths.cpu(), batch_first=True, enforce_sorted=False)
+            packed_h, _ = self.lstm(packed)
+            h, _ = nn.utils.rnn.pad_packed_sequence(packed_h, batch_first=True, total_length=steps)
         else:
             # Padded batch: the backward direction starts in the padding; batches of similar length keep that
             # short (the sampler buckets by length), and CTC ignores outputs past each length.

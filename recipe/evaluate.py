@@ -360,6 +360,7 @@ def main(argv=None) -> int:
     out = (exp.root / args.out).resolve()  # the loglikes scp names its ark by this path
     out.mkdir(exist_ok=True)
     model, meta = exp.load_model(args.checkpoint, conf.decode.average_best, conf.decode.average_within)
+    model.packed = True  # an utterance's outputs do not depend on the batch: recipe.transcribe gets the same
     dev, test = exp.dataset("dev"), exp.dataset("test")  # the test set's first read of the whole recipe
     result = {"checkpoint": meta["path"], "epoch": meta["epoch"], "averaged": meta.get("averaged", [])}
     # the bar draws only on a terminal (recipe/lib/progress.py); the log gets the scores alone
@@ -375,6 +376,9 @@ def main(argv=None) -> int:
             result.update(decode_sets(model, dev, test, exp, conf.decode, out, bar))
     (out / "scores.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
+    if not isinstance(test, ChunkDataset) and args.checkpoint is None and test.reader.vectors is None:
+        from recipe.transcribe import Transcriber  # the one-file model: the weights and decoder chosen here
+        Transcriber.from_experiment(exp.root, args.out).export(out / "model.pt")
     return 0
 
 
