@@ -190,7 +190,7 @@ def beam_decoder(conf, lm: NgramLM | None, arpa: Path, tokens: list[str], lm_wei
 
 def export_loglikes(model: torch.nn.Module, data: ChunkDataset, batches: list[list[int]], counts: np.ndarray,
                     out: Path, on_batch: Callable[[list[int]], None] | None = None) -> dict:
-    """CE: frame accuracy of the held-out set, and its scaled log-likelihoods (log posterior - log prior, the
+    """CE: frame accuracy of the test set, and its scaled log-likelihoods (log posterior - log prior, the
     priors from the training alignments) as a Kaldi ark/scp, for the user's own graph:
     latgen-faster-mapped ... final.mdl HCLG.fst ark:OUT/loglikes.ark ark:lat.ark"""
     priors = log_priors(counts)
@@ -203,7 +203,7 @@ def export_loglikes(model: torch.nn.Module, data: ChunkDataset, batches: list[li
 
 
 ERRS_HEADER = """\
-# The held-out utterances as the decode stage's decoder got them, the most word errors first. Each line: the
+# The utterances as the decode stage's decoder got them, the most word errors first. Each line: the
 # utterance id, its word errors / reference words, then its reference aligned with the hypothesis word by word
 # in icefall's errs-*.txt notation: a correct word as it is, (ref->hyp) a substitution, (ref->*) a deletion,
 # (*->hyp) an insertion.
@@ -270,6 +270,9 @@ class Pass:
         return rates(totals), [(u, r, h) for (u, r, _), h in zip(self.greedy, hyps)]
 
 
+GRIDS = {"lm_weight": "lm_weights", "word_bonus": "word_bonuses"}  # each setting's grid in the decode section
+
+
 def choose_weights(conf, lm: NgramLM | None, arpa: Path, dev: Pass, bar) -> tuple[dict, list[dict]]:
     """The LM weight and word bonus of lowest dev WER (then CER) over the grid decode.lm_weights x
     decode.word_bonuses, as Kaldi's scoring picks its LM weight; a value set by hand (decode.lm_weight, word_bonus)
@@ -291,6 +294,10 @@ def choose_weights(conf, lm: NgramLM | None, arpa: Path, dev: Pass, bar) -> tupl
     best = min(rows, key=lambda r: r["_rank"])
     for r in rows:
         del r["_rank"]
+    for key, searched in (("lm_weight", weights), ("word_bonus", bonuses)):
+        if len(searched) > 1 and best[key] in (min(searched), max(searched)):
+            print(f"decode: the dev set chose {key}={best[key]}, at the edge of decode.{GRIDS[key]} "
+                  f"{searched}: a wider grid may do better", file=sys.stderr)
     return {"lm_weight": best["lm_weight"], "word_bonus": best["word_bonus"]}, rows
 
 
@@ -342,13 +349,13 @@ def write_decoded(decoded: list[tuple[str, str, str]], out: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    """Recipe stage: decode the held-out set with the final model; write hypotheses and scores."""
+    """Recipe stage: choose the decoder on the dev set, then decode the test set once; write hypotheses and scores."""
     from recipe.lib.experiment import Experiment
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--exp", required=True)
     p.add_argument("--checkpoint", default=None, help="default: the average of the decode.average_best "
-                                                      "checkpoints of lowest held-out loss in EXP/checkpoints")
+                                                      "checkpoints of lowest dev loss in EXP/checkpoints")
     p.add_argument("--out", default="decode", help="folder under EXP for the results (default: decode)")
     p.add_argument("overrides", nargs="*", help="decode.key=value over EXP/conf.yaml's decode section")
     args = p.parse_args(argv)
@@ -378,7 +385,7 @@ def main(argv=None) -> int:
     print(json.dumps(result))
     if not isinstance(test, ChunkDataset) and args.checkpoint is None and test.reader.vectors is None:
         from recipe.transcribe import Transcriber  # the one-file model: the weights and decoder chosen here
-        Transcriber.from_experiment(exp.root, args.out).export(out / "model.pt")
+        Transcriber.from_experiment(exp.root, args.out, model).export(out / "model.pt")
     return 0
 
 

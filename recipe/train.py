@@ -119,13 +119,13 @@ class EpochTotals:
 
 
 def no_learning(record: dict, updates: int) -> str | None:
-    """What to tell the user when the held-out output is (nearly) all blank or the CER above 90%: CTC's all-blank
+    """What to tell the user when the dev output is (nearly) all blank or the CER above 90%: CTC's all-blank
     plateau, which a small corpus or a large batch may not leave in the updates it gets; None when all is well."""
     empty, cer = record.get("empty_output", 0.0), record.get("cer", 0.0)
     if empty < 0.9 and cer <= 0.9:
         return None
-    what = f"{100 * empty:.0f}% of the held-out outputs are empty (CTC's all-blank plateau)" if empty >= 0.9 else \
-        f"the held-out CER is {100 * cer:.1f}%"
+    what = f"{100 * empty:.0f}% of the dev outputs are empty (CTC's all-blank plateau)" if empty >= 0.9 else \
+        f"the dev CER is {100 * cer:.1f}%"
     return (f"no learning yet after epoch {record['epoch']} ({updates} optimizer updates): {what}. Try more updates "
             f"(train.epochs, or a smaller train_micro_batch_size_per_gpu in the JSON: more updates an epoch), a lower "
             f"model.stack, and check the transcripts against EXP/data/tokens.txt")
@@ -286,7 +286,7 @@ class Trainer:
         return rates(dict(zip(sorted(totals), members.sum([totals[k] for k in sorted(totals)]))))
 
     def end_epoch(self, epoch: int, totals: EpochTotals, strategy_stats: dict, epoch_wall: float) -> None:
-        """Sums over the learners, held-out scores, the checkpoint and the training log."""
+        """Sums over the learners, dev scores, the checkpoint and the training log."""
         members = self.strategy.members
         frames, train_loss, skipped = members.sum([totals.frames, totals.mean_loss, self.skipped.count])
         one_hot = [totals.micro_steps if r == self.layout.rank else 0 for r in range(self.layout.world_size)]
@@ -310,7 +310,7 @@ class Trainer:
         members.barrier()  # nobody goes on (or exits) while the checkpoint is written
 
     def plan_next_epoch(self) -> None:
-        """The schedule's decision after an epoch: the same on every learner, whose held-out scores are sums over
+        """The schedule's decision after an epoch: the same on every learner, whose dev scores are sums over
         all of them."""
         optim, history, state = self.conf.optim, self.state.history, self.state
         if optim.schedule == "newbob":
@@ -320,7 +320,7 @@ class Trainer:
                           fixed_anneal_start(optim, self.epochs) - 1, learning, optim, planned=self.epochs)
             state.anneal_from, state.stop = plan.anneal_from, plan.stop
             if annealing is None and state.anneal_from is not None and self.is_main:
-                log.info("newbob: the held-out loss stopped improving; annealing from epoch %d", state.anneal_from)
+                log.info("newbob: the dev loss stopped improving; annealing from epoch %d", state.anneal_from)
         limit = self.conf.train.max_minutes
         if not state.stop and limit is not None and state.wall_s >= 60 * limit:
             state.stop = f"train.max_minutes={limit} reached after {state.wall_s / 60:.1f} minutes"

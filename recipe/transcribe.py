@@ -78,8 +78,10 @@ class Transcriber:
 
     # -- building -----------------------------------------------------------------------------------------------
     @classmethod
-    def from_experiment(cls, root: str | Path, decoded: str = "decode") -> "Transcriber":
-        """The model and decoder of the experiment's decode stage (its results in EXP/<decoded>)."""
+    def from_experiment(cls, root: str | Path, decoded: str = "decode",
+                        model: torch.nn.Module | None = None) -> "Transcriber":
+        """The model and decoder of the experiment's decode stage (its results in EXP/<decoded>; `model`: the
+        weights it averaged, when the caller has them already)."""
         from recipe.lib.experiment import Experiment
 
         exp = Experiment(root)
@@ -93,7 +95,8 @@ class Transcriber:
             raise SystemExit(f"{exp.root}: its features carry speaker vectors (i-vectors), which transcribe cannot "
                              f"compute for a new recording")
         scores = json.loads(scores_path.read_text())
-        model, _ = exp.load_model(None, conf.decode.average_best, conf.decode.average_within)
+        if model is None:
+            model, _ = exp.load_model(None, conf.decode.average_best, conf.decode.average_within)
         model.packed = True
         arpa = exp.root / decoded / "lm.arpa" if not conf.decode.lm_arpa else Path(conf.decode.lm_arpa)
         settings = {"features": OmegaConf.to_container(conf.features), "sample_rate": conf.data.sample_rate,

@@ -204,7 +204,7 @@ def test_the_start_line_states_the_plan_and_honors_an_epoch_count_given():
     train = load_config(None, []).train  # the defaults: 4 epochs, 700 updates, at most 40
     default = plan_epochs(train, "newbob", 187)  # the built-in corpus
     assert default.describe("newbob") == ("187 updates an epoch; epochs: at least 4, at most 40 (train.max_epochs), "
-                                          "by train.epochs=4; newbob ends it when the held-out loss stops improving")
+                                          "by train.epochs=4; newbob ends it when the dev loss stops improving")
     small = plan_epochs(train, "newbob", 25)  # 400 utterances: min_updates raises the epochs, and says so
     assert (small.epochs, small.max_epochs, small.warning) == (28, 40, None)
     assert "by train.min_updates=700 (train.epochs=4 would make 100 updates)" in small.describe("newbob")

@@ -77,7 +77,7 @@ def test_a_run_that_does_not_learn_says_so(tiny_exp, tmp_path, capsys):
     # newbob never anneals on the plateau (where the loss stalls before anything is learnt): it runs to the end
     metrics, _ = train_run(exp, "optim.lr=1e-7", "train.epochs=2", "optim.schedule=newbob", "train.max_epochs=2")
     assert metrics["epochs"] == 2 and metrics["anneal_from"] is None and metrics["stop"] is None
-    assert metrics["warning"].startswith("no learning yet after epoch 2 (12 optimizer updates): the held-out CER is")
+    assert metrics["warning"].startswith("no learning yet after epoch 2 (12 optimizer updates): the dev CER is")
     assert "Try more updates (train.epochs" in metrics["warning"] and train_log(exp)[-1]["cer"] > 0.9
     assert report(["--exp", str(exp)]) == 0 and "WARNING: no learning yet after epoch 2" in capsys.readouterr().out
 

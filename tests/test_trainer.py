@@ -16,10 +16,10 @@ def test_a_blank_or_wrong_model_is_never_silent():
     learned = {"epoch": 3, "cer": 0.02, "empty_output": 0.0}
     assert no_learning(learned, 300) is None
     blank = no_learning({"epoch": 4, "cer": 1.0, "empty_output": 0.97}, 240)
-    assert blank.startswith("no learning yet after epoch 4 (240 optimizer updates): 97% of the held-out outputs are "
+    assert blank.startswith("no learning yet after epoch 4 (240 optimizer updates): 97% of the dev outputs are "
                             "empty (CTC's all-blank plateau). Try more updates")
     assert "model.stack" in blank and "tokens.txt" in blank
-    assert "the held-out CER is 95.0%" in no_learning({"epoch": 1, "cer": 0.95, "empty_output": 0.1}, 60)
+    assert "the dev CER is 95.0%" in no_learning({"epoch": 1, "cer": 0.95, "empty_output": 0.1}, 60)
     assert no_learning({"epoch": 1, "frame_acc": 0.3, "heldout_loss": 2.0}, 60) is None  # CE: no CER to judge
 
 

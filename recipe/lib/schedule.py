@@ -60,7 +60,7 @@ class EpochPlan:
     def describe(self, schedule: str) -> str:
         length = f"exactly {self.epochs}" if self.max_epochs == self.epochs else \
             f"at least {self.epochs}, at most {self.max_epochs} (train.max_epochs)"
-        how = "fixed schedule" if schedule == "fixed" else "newbob ends it when the held-out loss stops improving"
+        how = "fixed schedule" if schedule == "fixed" else "newbob ends it when the dev loss stops improving"
         return (f"{self.updates_per_epoch} updates an epoch; epochs: {length}, by {self.reason}; {how}")
 
 
@@ -153,7 +153,7 @@ def newbob(losses: list[float], anneal_from: int | None, earliest: int, learning
              for i in range(anneal_from - 1, epoch)]
     stalled = len(gains) - max((i + 1 for i, gain in enumerate(gains) if gain), default=0)
     if stalled >= optim.newbob_patience:
-        return Plan(anneal_from, f"the held-out loss gained less than {optim.newbob_margin / 10:.1%} of its best "
+        return Plan(anneal_from, f"the dev loss gained less than {optim.newbob_margin / 10:.1%} of its best "
                                  f"or {optim.newbob_min_gain:g} in the last {stalled} annealed epochs")
     if len(gains) >= optim.newbob_anneal_epochs:
         return Plan(anneal_from, f"{len(gains)} annealed epochs (optim.newbob_anneal_epochs)")
