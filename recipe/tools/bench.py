@@ -142,15 +142,16 @@ STRATEGY_ARMS = {name: (f"ds_configs/{name}.json", {"link": SLOW_LINK})
 
 
 def prepare_subset(work: Path, utterances: int, epochs: int, test: int = 100) -> tuple[Path, list[str]]:
-    """A prepared experiment on a synthesized corpus of `utterances` for training and `test` held out (shared by
-    all arms). The speakers are dealt to the held-out set first: another `test` is another corpus."""
+    """A prepared experiment on a synthesized corpus of `utterances` for training and `test` each in the dev and
+    test sets (shared by all arms; the per-epoch scores are the dev set's). The speakers are dealt to the held-out
+    sets first: another `test` is another corpus."""
     from recipe.prepare import main as prepare
 
-    base = work / (f"base-{utterances}" if test == 100 else f"base-{utterances}-test{test}")
+    base = work / f"base-v2-{utterances}-{test}"  # v2: with a dev set (a base of before has none)
     # exactly `epochs` (the fixed schedule, min_updates 0): the arms and the study compare strategies after the
     # same epochs
-    subset = [f"data.synth_train={utterances}", f"data.synth_test={test}", f"train.epochs={epochs}",
-              "train.min_updates=0", "optim.schedule=fixed"]
+    subset = [f"data.synth_train={utterances}", f"data.synth_test={test}", f"data.synth_dev={test}",
+              f"train.epochs={epochs}", "train.min_updates=0", "optim.schedule=fixed"]
     if not (base / "features.json").is_file():
         for stage in ("data", "features"):
             assert prepare([stage, "--exp", str(base), "--work", str(work), *subset]) == 0

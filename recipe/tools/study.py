@@ -38,7 +38,7 @@ from recipe.train import no_learning
 @dataclass
 class StudyConf:
     exp: str = "exp/study"
-    utterances: int = 3000  # training utterances of the built-in corpus (the held-out set: 100)
+    utterances: int = 3000  # training utterances of the built-in corpus (the dev set, scored every epoch: 100)
     epochs: int = 4  # the fixed schedule, annealed over the second half: SYNC converges (CER 0.4%)
     learners: int = 4  # parts 2 and 3
     strategy_learners: list = field(default_factory=lambda: [4, 8])  # part 1 at each, the same global batch
@@ -155,8 +155,9 @@ def updates(run: dict) -> int:
 
 
 def heldout_chars(base: Path) -> int:
-    """Characters of the held-out transcripts, spaces included: what a CER counts its errors in."""
-    return sum(len(" ".join(text.split())) for text, _ in read_table(base / "data" / "test" / "text").values())
+    """Characters of the dev transcripts (the per-epoch scores' set), spaces included: what a CER counts its
+    errors in."""
+    return sum(len(" ".join(text.split())) for text, _ in read_table(base / "data" / "dev" / "text").values())
 
 
 def write_report(root: Path, conf: StudyConf, results: dict, chars: int) -> None:
