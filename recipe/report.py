@@ -87,7 +87,8 @@ def summary_rows(exp: Path, m: dict, history: list[dict], scores) -> list[tuple[
     if prep.is_file():
         for split, info in json.loads(prep.read_text()).items():
             if isinstance(info, dict):
-                rows.append((f"{split} utterances / skipped", f"{info['utterances']} / {sum(info['skipped'].values())}"))
+                skipped = sum(info["skipped"].values())
+                rows.append((f"{split} utterances / skipped", f"{info['utterances']} / {skipped}"))
                 if split == "dev" and ":" in info["source"]:  # carved out of the training set: say how
                     rows.append(("  dev set", info["source"].split(": ", 1)[1]))
     return rows
@@ -141,8 +142,9 @@ def main(argv=None) -> int:
         console.print(f"[bold red]WARNING: {m['warning']}[/bold red]")
     if history:
         scored = exp / "decode" / "scores.json"
+        decoded = json.loads(scored.read_text()) if scored.is_file() else None
         plot(history, exp / "report.png", f"{m['strategy'].upper()}: {m['learners']} learners, global batch "
-                                          f"{m['global_batch']}", json.loads(scored.read_text()) if scored.is_file() else None)
+                                          f"{m['global_batch']}", decoded)
         console.print(f"curves: {exp / 'report.png'}")
     return 0
 

@@ -53,7 +53,8 @@ from recipe.lib.tables import DataError, read_table
 SETTINGS, LM, STATS = "recipe.json", "lm.arpa", "cmvn.npz"  # the export's extra files
 # TorchScript is deprecated in torch 2.13 in favour of torch.export, whose dynamic shapes an LSTM over padded
 # batches of any length does not yet take without rewriting the model; it still works, and says so at every call
-warnings.filterwarnings("ignore", message=r"`torch\.jit\.(script|save|load)` is deprecated", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=r"`torch\.jit\.(script|save|load)` is deprecated",
+                        category=DeprecationWarning)
 
 
 @dataclass

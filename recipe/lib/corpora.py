@@ -121,7 +121,7 @@ def prepare_librispeech(corpus_dir: Path, out: Path, data) -> None:
     seen: dict[str, str] = {}
     splits = {split: [u for subset in dict.fromkeys(subsets) for u in librispeech_subset(corpus_dir / subset, seen)]
               for split, subsets in sets.items()}
-    write_splits(corpus_dir, splits, out, "; ".join(f"{split}: {', '.join(subsets)}" for split, subsets in sets.items()))
+    write_splits(corpus_dir, splits, out, "; ".join(f"{split}: {', '.join(names)}" for split, names in sets.items()))
 
 
 def librispeech_subset(subset: Path, seen: dict[str, str]) -> list[Utterance]:

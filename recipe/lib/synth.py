@@ -370,9 +370,9 @@ def write_kaldi_dir(data_dir: Path, utts: list[tuple[str, str, str, str, list]])
 
 def synthesize_corpus(out_dir: str | Path, n_train: int = 3000, n_test: int = 300, seed: int = 0,
                       sample_rate: int = 16000, num_workers: int = 2, progress: bool = True, n_dev: int = 0) -> dict:
-    """Writes out_dir/train, out_dir/test (and out_dir/dev, with n_dev) as Kaldi data dirs (wav.scp, text, utt2spk, spk2utt, all sorted by
-    utterance id, utterance ids prefixed by speaker id so sorting is consistent), audio as 16-bit PCM WAV under
-    out_dir/wav/{train,test}/<utt>.wav with ABSOLUTE paths in wav.scp, phone timings as phones.ctm in each data dir
+    """Writes out_dir/train, out_dir/test (and out_dir/dev, with n_dev) as Kaldi data dirs (wav.scp, text,
+    utt2spk, spk2utt, all sorted by utterance id, utterance ids prefixed by speaker id so sorting is consistent),
+    audio as 16-bit PCM WAV under out_dir/wav/<split>/<utt>.wav with ABSOLUTE paths in wav.scp, phone timings as phones.ctm in each data dir
     and their symbol table as out_dir/phones.txt (sil = 0, the others sorted). Returns a summary dict (counts,
     hours of audio, voices and phone segments per split; size of the phone table)."""
     espeak_paths()  # fail fast, in this process, with a clear message

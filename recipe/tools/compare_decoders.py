@@ -1,8 +1,8 @@
 """The numpy beam search against flashlight-text's lexicon decoder (``decode.backend``) on the same model
 outputs: the dev set's logits are computed once, then decoded by each backend with the same ARPA file, beam,
-LM weight and word bonus (the decode stage's choice, or as set). Printed, and written to EXP/OUT/compare.json: the seconds each
-decoder took (decoding alone: the model's forward pass is shared and not timed), the CER/WER of each, how many
-hypotheses are identical, and the ones that differ (ACCURACY.md section 7).
+LM weight and word bonus (the decode stage's choice, or as set). Printed, and written to EXP/OUT/compare.json:
+the seconds each decoder took (decoding alone: the model's forward pass is shared and not timed), the CER/WER of
+each, how many hypotheses are identical, and the ones that differ (ACCURACY.md section 7).
 
     python -m recipe.tools.compare_decoders --exp EXP [--out compare-decoders] [decode.key=value ...]
 """
