@@ -41,7 +41,7 @@ TARGETS = 200  # classes of the random frame targets
 CHUNK = 21  # the paper's chunk of frames (data.chunk_frames)
 MIN_FRAMES, MAX_FRAMES = 100, 1500  # utterance lengths, uniform (1 to 15 seconds at 10 ms)
 SPEAKERS = 100
-TEST_UTTERANCES = 100
+DEV_UTTERANCES = 100  # scored after every epoch
 BLOCKS, BLOCK_FRAMES = 4, 8192  # pregenerated random rows the utterances are cut from
 GB, MB = 1e9, 1e6  # decimal units throughout, RSS included (the kernel reports it in KiB)
 ROW_BYTES = DIM * 4
@@ -104,9 +104,9 @@ def build_experiment(folder: Path, size_bytes: float, seed: int = 0) -> tuple[Pa
     t0 = time.perf_counter()
     caches = {}
     for split, lengths in (("train", utterance_lengths(size_bytes, seed=seed)),
-                           ("test", np.random.default_rng([seed, 1]).integers(MIN_FRAMES, MAX_FRAMES + 1,
-                                                                              TEST_UTTERANCES))):
-        caches[split] = write_corpus(folder / "features" / split, split, lengths, seed + (split == "test"))
+                           ("dev", np.random.default_rng([seed, 1]).integers(MIN_FRAMES, MAX_FRAMES + 1,
+                                                                              DEV_UTTERANCES))):
+        caches[split] = write_corpus(folder / "features" / split, split, lengths, seed + (split == "dev"))
         targets = folder / "targets" / split
         if not (targets / "meta.json").is_file():
             cache = FeatureCache(caches[split])
