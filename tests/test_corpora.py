@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 import soundfile
@@ -104,6 +105,25 @@ def test_synthesized_voices_can_be_mixed_into_a_real_training_set_only(tmp_path)
     assert not any("-train0000" in u.utt for u in dev)
     assert [u.utt for u in train] == sorted(u.utt for u in train)
     assert prepare(["data", "--exp", str(tmp_path / "e2"), "data.mix_synth=6"]) == 2  # synth into synth: refused
+
+
+def test_a_carved_dev_set_has_no_speed_perturbed_copy_in_training(tmp_path):
+    """Stage 1 carves the dev set before stage 2 perturbs the speed of what training keeps: no copy of a dev
+    utterance (sp0.9-<utt>, sp1.1-<utt>) trains."""
+    from recipe.lib.augment import source_utt
+    from recipe.lib.features import FeatureCache
+
+    corpus = make_fsdd(tmp_path / "fsdd", speakers=("jackson", "lucas", "theo"), takes=10)
+    exp = tmp_path / "exp"
+    settings = ["data.corpus=fsdd", f"data.corpus_dir={corpus}", "data.heldout_speakers=[theo]",
+                "data.sample_rate=8000", "features.num_workers=1"]
+    for stage in ("data", "features"):
+        assert prepare([stage, "--exp", str(exp), *settings]) == 0
+    dev = {u.utt for u in load_data_dir(exp / "data" / "dev")[0]}
+    train = FeatureCache(json.loads((exp / "features.json").read_text())["train"]).utts
+    assert len(dev) == 4 and len(train) == 3 * (40 - 4)  # 10% of 40 recordings; 3 speeds of the other 36
+    assert {u.split("-", 1)[0] for u in train} == {"sp0.9", "sp1.1", "jackson", "lucas"}
+    assert not {source_utt(u) for u in train} & dev
 
 
 def noise(seed: int, n: int = 1600) -> np.ndarray:
