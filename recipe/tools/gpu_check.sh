@@ -64,10 +64,10 @@ step "2 the recipe end to end"
 # a corpus small enough for the time: 1,000 training and 100 held-out utterances; the smoke: 40 and 8, a tiny
 # model, and two of the runs (the 1-learner path and the 2-node one)
 runs=("sync 1 1" "sync 2 1" "adpsgd 2 1" "hybrid 2 2" "localsgd 2 1")  # strategy, learners, nodes
-corpus=(data.synth_train=1000 data.synth_test=100)
+corpus=(data.synth_train=1000 data.synth_dev=100 data.synth_test=100)
 if [ "$smoke" = true ]; then
   runs=("sync 1 1" "hybrid 2 2")
-  corpus=(data.synth_train=40 data.synth_test=8 model.layers=1 model.hidden=32)
+  corpus=(data.synth_train=40 data.synth_dev=8 data.synth_test=8 model.layers=1 model.hidden=32)
 fi
 plan=(optim.schedule=fixed train.epochs=1 train.min_updates=0)
 : > "$out/summary.txt"
