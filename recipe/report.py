@@ -40,8 +40,8 @@ def plot(history: list[dict], path: Path, title: str, decoded: dict | None) -> N
                 axes[1, col].plot(x[-1], 100 * decoded[key], "*", markersize=14, color=line.get_color(),
                                   label=f"test {name} (decode stage)")
         axes[1, col].set_ylabel("frame accuracy (%)" if ce else "error (%)")
-        if not ce:  # symlog: an epoch without errors still has a point, at 0
-            axes[1, col].set_yscale("symlog", linthresh=0.1)
+        if not ce:  # symlog: logarithmic above 0.01%, so an epoch without errors still has a point, at 0
+            axes[1, col].set_yscale("symlog", linthresh=0.01, linscale=0.3)
         axes[1, col].set_xlabel(label)
         for row in range(2):
             axes[row, col].legend(fontsize=8)
