@@ -74,7 +74,7 @@ def prepare_data(conf, exp: Path, work: Path) -> dict:
         utts[split], skipped = load_data_dir(src, d.max_utt_seconds, d.on_bad_utterance)
         summary[split] = {"source": str(src), "utterances": len(utts[split]), "skipped": dict(skipped)}
     if "dev" not in sources:  # before the subset and the mixing: the dev set is of the user's own speech
-        utts["train"], utts["dev"], how = carve_dev(utts["train"], d.dev_share, d.dev_min_utterances, conf.train.seed)
+        utts["train"], utts["dev"], how = carve_dev(utts["train"], d.dev_share, d.dev_min_utterances)
         sources["dev"] = sources["train"]
         summary["dev"] = {"source": f"{sources['train']}: {how}", "utterances": len(utts["dev"]), "skipped": {}}
         summary["train"]["held_out_for_dev"] = len(utts["dev"])

@@ -3,8 +3,9 @@
 Kaldi's `utils/subset_data_dir_tr_cv.sh --cv-spk-percent` holds whole speakers out, so that the dev set, like the
 test set, is speech of voices training never heard. With few speakers (FSDD's five or six) one speaker is a fifth
 of the data and the dev set would be a coin toss on that voice: below MIN_SPEAKERS_TO_SPLIT the dev set is a
-share of every speaker's utterances instead, and says so. The choice is a pure function of the ids and the seed,
-so every learner and every rerun carves the same split.
+share of every speaker's utterances instead, and says so. The choice is a pure function of the ids (and of `seed`,
+which stage 1 leaves at 0): every rerun, and every training seed, gets the same split, so runs that differ in
+train.seed share the prepared data and differ in nothing else.
 """
 
 from __future__ import annotations
