@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -133,10 +134,12 @@ class Transcriber:
             return greedy_decode
         d = OmegaConf.create(self.settings["decode"])
         lm, path = None, ""
-        if self.arpa:  # a file of its own: flashlight's decoder reads the LM from one
+        if self.arpa:
             with tempfile.NamedTemporaryFile("w", suffix=".arpa", delete=False) as f:
                 f.write(self.arpa)
             lm, path = NgramLM.load_arpa(f.name), f.name
+            if d.backend != "flashlight":  # only flashlight's decoder reads the file again, when it is built
+                os.unlink(f.name)
         return beam_decoder(d, lm, path, self.tokens, d.lm_weight or 0.0, d.word_bonus or 0.0)
 
     # -- transcribing -------------------------------------------------------------------------------------------
