@@ -35,6 +35,12 @@ def test_unknown_keys_and_values_are_errors(tmp_path):
         load_config(None, ["data.corpus=kaldi"])
     with pytest.raises(ConfigError, match=r"optim.newbob_min_gain=-0.1 >= 0"):
         load_config(None, ["optim.newbob_min_gain=-0.1"])
+    with pytest.raises(ConfigError, match=r"data.dev_share=0.5 must be in \(0, 0.5\)"):
+        load_config(None, ["data.dev_share=0.5"])
+    with pytest.raises(ConfigError, match=r"must be >= 0 and the lists not empty, got None, None, \[\], "):
+        load_config(None, ["decode.lm_weights=[]"])
+    with pytest.raises(ConfigError, match=r"got -1.0, None"):
+        load_config(None, ["decode.lm_weight=-1.0"])
 
 
 def test_every_shipped_config_loads():
