@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soxr
 import torch
 from omegaconf import OmegaConf
 
@@ -163,6 +164,15 @@ class Transcriber:
         logits, out_lengths = self.model(padded, lengths)
         return self.decode(logits.float(), out_lengths, self.tokens)
 
+    def inputs(self, wave: np.ndarray, name: str, speaker: str | None, unknown: str = "utterance") -> np.ndarray:
+        """Samples at the model's rate -> the model's normalized input rows; too short for one output step: an
+        error naming the recording."""
+        x = compute_features(wave, self.sample_rate, self.features)
+        if len(x) < self.settings["stack"]:
+            raise DataError(f"{name}: {len(wave) / self.sample_rate:.3f} s of audio is too short for one output "
+                            f"step of the model")
+        return self.normalized(x, speaker, unknown)
+
     def transcribe(self, waves: list[np.ndarray], sample_rate: int, speakers: list[str | None] | None = None,
                    unknown: str = "utterance") -> list[str]:
         """Mono float waveforms at sample_rate -> their transcripts (the Python API)."""
@@ -170,12 +180,8 @@ class Transcriber:
         for k, wave in enumerate(waves):
             wave = np.asarray(wave, dtype=np.float32)
             if sample_rate != self.sample_rate:
-                import soxr
                 wave = soxr.resample(wave, sample_rate, self.sample_rate).astype(np.float32)
-            x = compute_features(wave, self.sample_rate, self.features)
-            if len(x) < self.settings["stack"]:
-                raise DataError(f"waveform {k}: {len(wave) / self.sample_rate:.3f} s is too short for one output step")
-            feats.append(self.normalized(x, speakers[k] if speakers else None, unknown))
+            feats.append(self.inputs(wave, f"waveform {k}", speakers[k] if speakers else None, unknown))
         return self.decode_features(feats)
 
 
@@ -185,9 +191,15 @@ def known_recordings(exp) -> dict[str, str]:
     for split in ("train", "dev", "test"):
         d = exp.data_dir(split)
         if (d / "wav.scp").is_file() and not (d / "segments").is_file():
-            utt2spk = {u: s for u, (s, _) in read_table(d / "utt2spk").items()} if (d / "utt2spk").is_file() else {}
+            utt2spk = speakers_of(d)
             found.update({entry: utt2spk.get(utt, utt) for utt, (entry, _) in read_table(d / "wav.scp").items()})
     return found
+
+
+def speakers_of(folder: Path) -> dict[str, str]:
+    """{utterance: speaker} of the utt2spk in a folder ({} without one)."""
+    path = folder / "utt2spk"
+    return {utt: spk for utt, (spk, _) in read_table(path).items()} if path.is_file() else {}
 
 
 def experiment_stats(exp) -> dict[str, np.ndarray]:
@@ -208,8 +220,7 @@ def recordings(inputs: list[str], known: dict[str, str]) -> list[Recording]:
     for given in inputs:
         path = Path(given)
         if path.name.endswith(".scp"):
-            utt2spk = path.parent / "utt2spk"
-            spk = {u: s for u, (s, _) in read_table(utt2spk).items()} if utt2spk.is_file() else {}
+            spk = speakers_of(path.parent)
             out += [Recording(utt, entry, spk.get(utt)) for utt, (entry, _) in read_table(path).items()]
         elif path.suffix in (".txt", ".list", ".lst"):
             out += [Recording(line.strip(), line.strip()) for line in path.read_text().splitlines() if line.strip()]
@@ -234,16 +245,13 @@ def run(t: Transcriber, recs: list[Recording], batch: int, unknown: str) -> int:
     for r in recs:
         try:
             wave = read_recording(r, t.sample_rate)
-            x = compute_features(wave, t.sample_rate, t.features)
-            if len(x) < t.settings["stack"]:
-                raise DataError(f"{r.name}: {len(wave) / t.sample_rate:.3f} s of audio is too short for one output "
-                                f"step of the model")
+            x = t.inputs(wave, r.name, r.speaker, unknown)
         except DataError as err:
             print(f"transcribe: {err}", file=sys.stderr)
             failed += 1
             continue
         audio_s += len(wave) / t.sample_rate
-        ready.append((r, t.normalized(x, r.speaker, unknown)))
+        ready.append((r, x))
         if len(ready) == batch:
             flush()
     flush()
