@@ -10,7 +10,8 @@
 #   1 prepare data     synthesize the built-in corpus, or check --train-dir/--test-dir[/--dev-dir]; write EXP/data
 #                      (train, dev, test: the dev set carved out of training when the corpus has none)
 #   2 features         log-mel + deltas, in parallel, cached by feature config
-#   3 train            the deepspeed launcher starts the learners (python -m recipe.train)
+#   3 train            the deepspeed launcher starts the learners (python -m recipe.train), and starts them
+#                      again from the last checkpoint when one is lost (recipe/elastic.py, train.max_restarts)
 #   4 evaluate         choose the decoder on the dev set, then decode the test set once: EXP/decode
 #   5 report           table on the terminal, EXP/report.png
 set -euo pipefail
@@ -142,13 +143,12 @@ setup() {
   touch "$venv/.setup-$key"
 }
 
-train() {
-  local launch=("$venv/bin/deepspeed" --master_port "$master_port")
-  if [ -n "$hostfile" ]; then launch+=(--hostfile "$hostfile"); else launch+=(--num_gpus "$learners"); fi
-  if [ -n "$node_rank" ]; then launch+=(--no_ssh --node_rank "$node_rank" --master_addr "$master_addr"); fi
-  local args=(--module recipe.train --exp "$exp" --ds-config "$ds_config" --nodes "$nodes" "${conf_args[@]}")
+train() {  # the elastic agent runs the deepspeed launcher, and runs it again when a learner is lost
+  local args=(--exp "$exp" --ds-config "$ds_config" --nodes "$nodes" --master-port "$master_port")
+  if [ -n "$hostfile" ]; then args+=(--hostfile "$hostfile"); else args+=(--learners "$learners"); fi
+  if [ -n "$node_rank" ]; then args+=(--node-rank "$node_rank" --master-addr "$master_addr"); fi
   if [ "$resume" = true ]; then args+=(--resume); fi
-  "${launch[@]}" "${args[@]}" --launch-command "${launch[*]} ${args[*]}"
+  "$py" -m recipe.elastic "${args[@]}" "${conf_args[@]}"
 }
 
 if [ "$freeze" = true ]; then  # after changing requirements.txt and running the tests in the new .venv

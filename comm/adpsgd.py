@@ -40,7 +40,6 @@ class ADPSGDStrategy(Strategy):
         "period": 1,  # optimizer steps between gossip rounds; 0 = continuously
         "exchange_dtype": "fp32",  # fp32 | bf16 | fp16: bf16/fp16 halve the bytes on the wire
         "on_lost_learner": "continue",  # continue: the others go on without it | stop: the run stops, naming it
-        "lost_after_s": 5.0,  # a learner whose heartbeat stands still this long is gone
         # shared: the learners deal one shuffle of the epoch's batches out as each asks for the next (every
         # utterance once an epoch, as under SYNC) | independent: each walks its own shuffle of all of them
         # (about a third of the utterances unseen in an epoch, others seen twice; DESIGN.md §9.9)

@@ -41,7 +41,8 @@ class Strategy:
     name = "base"
     # the keys this strategy accepts in the JSON "comm" section, with their defaults; debug is read by
     # comm/faults.py, link is an emulated inter-node network (comm/link.py)
-    options: dict = {"debug": {}, "link": {}}
+    options: dict = {"debug": {}, "link": {},
+                     "lost_after_s": 5.0}  # a learner whose heartbeat stands still this long is lost (comm/health.py)
     # the options among them that take one of a closed set of values: checked here, naming the valid ones
     choices: dict = {}
 

@@ -2,6 +2,9 @@
 
     "debug": {"slowdown": {"1": 2.0}}     learner 1 becomes a straggler: each of its steps takes 2x as long
     "debug": {"die_at_step": {"2": 5}}    learner 2 is SIGKILLed at its 5th micro batch
+    "debug": {"freeze_at_step": {"2": 5}} learner 2 stops (SIGSTOP) at its 5th micro batch, as on a stalled machine
+    "debug": {"fault_attempts": [0, 1]}   the attempts of the run (recipe/elastic.py restarts) the faults happen
+                                          in; by default the first only, so a restarted run does not die again
 
 Kept out of the strategies: the training loop calls after_micro_batch() and nothing here talks to anyone.
 """
@@ -12,7 +15,8 @@ import os
 import signal
 import time
 
-KEYS = ("slowdown", "die_at_step")
+KEYS = ("slowdown", "die_at_step", "freeze_at_step", "fault_attempts")
+ATTEMPT_ENV = "RECIPE_ATTEMPT"  # set by the elastic agent: 0 for the run's first launch, 1 after one restart...
 
 
 class FaultInjector:
@@ -23,7 +27,10 @@ class FaultInjector:
         self.slowdown = float(debug.get("slowdown", {}).get(str(rank), 1.0))
         if self.slowdown < 1.0:
             raise ValueError(f"comm.debug.slowdown for rank {rank} must be >= 1, got {self.slowdown}")
-        self.die_at_step = int(debug.get("die_at_step", {}).get(str(rank), 0))
+        attempt = int(os.environ.get(ATTEMPT_ENV, 0))
+        active = attempt in debug.get("fault_attempts", [0])
+        self.die_at_step = int(debug.get("die_at_step", {}).get(str(rank), 0)) if active else 0
+        self.freeze_at_step = int(debug.get("freeze_at_step", {}).get(str(rank), 0)) if active else 0
         self._micro_steps = 0
 
     def after_micro_batch(self, step_seconds: float) -> None:
@@ -32,3 +39,5 @@ class FaultInjector:
         self._micro_steps += 1
         if self._micro_steps == self.die_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._micro_steps == self.freeze_at_step:
+            os.kill(os.getpid(), signal.SIGSTOP)

@@ -18,6 +18,14 @@ marked dropped, for good, in the store), and at every epoch's end the learners `
 not checked in and whose heartbeat stands still is dropped instead. Every learner's fate is settled by one
 compare-and-set in the store, so all survivors see the same members and run their collectives over them.
 
+Every other strategy (SYNC, LOCALSGD; ADPSGD with on_lost_learner = "stop") stops the run when a learner is
+lost, so that the elastic agent (recipe/elastic.py) starts it again from its last checkpoint. A dead learner fails
+the others' next collective at once on gloo; a frozen one (or any learner on NCCL) would hold them there until the
+collective timeout. So from the first epoch on, the heartbeat thread watches every learner (`stop_without`): once
+one has stood still for `stall_s`, this learner publishes it as lost and exits with RESTART_EXIT. A learner that
+failed with an error of its own (a bug, a bad file) marks itself `failed/<rank>` first: the others then say so and
+exit 1, since starting again would fail the same way.
+
 HYBRID's node mates cannot step without each other. On gloo a dead mate fails the node's next collective at
 once; a frozen one (or any mate on NCCL) leaves it blocked until the collective timeout, and its heartbeat
 would keep the node alive to the others meanwhile. So the heartbeat thread also watches the learners named by
@@ -40,10 +48,15 @@ from comm.distributed import store
 
 LOST_KEY, ANSWERED_KEY = "heartbeat/lost", "heartbeat/answered"
 IN, DROPPED = b"in", b"dropped"
+# The exit status of a learner that stopped because another was lost: the run can go on from its last
+# checkpoint (EX_TEMPFAIL, "try again"); the elastic agent restarts on it. Any other failure exits 1.
+RESTART_EXIT = 75
 
 
 class LearnerLost(RuntimeError):
-    pass
+    def __init__(self, message: str, restartable: bool = True):
+        super().__init__(message)
+        self.restartable = restartable  # False: a lost learner failed with an error of its own
 
 
 class LeftBehind(RuntimeError):
@@ -59,7 +72,8 @@ class Heartbeat:
         self.store = store("health/")
         self._where: Callable[[], str] = lambda: f"on learner {rank}"
         self._diagnosing = threading.Event()  # the main thread is on it: the watchdog stands aside
-        self._needed: tuple[list[int], float] = ([], 0.0)  # leave_without(): mates, and how long they may stand
+        # leave_without() / stop_without(): the learners watched, how long they may stand still, and what then
+        self._watched: tuple[list[int], float, str] = ([], 0.0, "")
         self._reported: set[int] = set()  # the learners this one dropped and said so
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
@@ -74,7 +88,7 @@ class Heartbeat:
                 beats += 1
                 if lost_seen_at is None and self.store.check([LOST_KEY]):
                     lost_seen_at = time.monotonic()
-                self._leave_if_needed_gone(needed_seen)
+                self._check_watched(needed_seen)
                 failing_since = None
             except Exception:  # a store hiccup: keep beating, or the others would take this learner for lost
                 failing_since = failing_since or time.monotonic()
@@ -83,32 +97,54 @@ class Heartbeat:
                 continue
             if lost_seen_at is not None and time.monotonic() - lost_seen_at > self.grace_s:
                 if not self._diagnosing.is_set():  # stuck in a collective on a survivor that gave up
-                    print(f"LearnerLost: {self._message(self._read_lost(), 'while waiting in a collective')}",
-                          file=sys.stderr, flush=True)
-                    with contextlib.suppress(Exception):
-                        self.store.add(ANSWERED_KEY, 1)
-                    os._exit(1)
+                    self._exit_lost(self._read_lost(), "while waiting in a collective")
+
+    def _exit_lost(self, lost: list[int], failure: str) -> None:
+        """From the heartbeat thread, wherever the main thread is: say which learners are lost and end the
+        process (RESTART_EXIT, or 1 where one of them failed with an error of its own). Learner 0, whose process
+        serves the store, first lingers until the other survivors have their answer (at most grace_s)."""
+        failed = self._failed(lost)
+        print(f"LearnerLost: {self._message(lost, failure, failed)}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            answered = self.store.add(ANSWERED_KEY, 1)
+            deadline = time.monotonic() + self.grace_s
+            while self.rank == 0 and answered < self.world_size - len(lost) and time.monotonic() < deadline:
+                time.sleep(self.interval_s)
+                answered = self.store.add(ANSWERED_KEY, 0)
+        os._exit(1 if failed else RESTART_EXIT)
 
     def leave_without(self, ranks: list[int], stall_s: float) -> None:
         """From now on, leave the run (exit 0, LeftBehind) once one of `ranks` has stood still for 2 x stall_s."""
-        self._needed = (list(ranks), 2 * stall_s)
+        self._watched = (list(ranks), 2 * stall_s, "leave")
 
-    def _leave_if_needed_gone(self, seen: dict[int, tuple[bytes | None, float]]) -> None:
-        ranks, limit = self._needed
+    def stop_without(self, stall_s: float) -> None:
+        """From now on, stop this learner (LearnerLost, RESTART_EXIT) once any other has stood still for stall_s,
+        wherever the main thread waits: a frozen learner would hold a collective until its timeout."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        self._watched = (others, stall_s, "stop")
+
+    def _check_watched(self, seen: dict[int, tuple[bytes | None, float]]) -> None:
+        ranks, limit, then = self._watched
         now, gone = time.monotonic(), []
         for r in ranks:
             beat = self._beat_of(r)
-            if r not in seen or seen[r][0] != beat:
-                seen[r] = (beat, now)
+            if r not in seen or seen[r][0] != beat or self.store.check([f"done/{r}"]):
+                seen[r] = (beat, now)  # a learner that closed its heartbeat has finished, not frozen
             elif now - seen[r][1] > limit:
                 gone.append(r)
-        if gone:
-            for r in gone:
-                self._drop(r, limit)
-            print(f"LeftBehind: learner(s) {gone} gone (heartbeat still for {limit:.0f} s), found {self._where()}; "
-                  f"learner {self.rank} cannot step without them and leaves the run; the others go on",
-                  file=sys.stderr, flush=True)
-            os._exit(0)  # wherever the main thread is: a collective with the gone learner would block it
+        if not gone:
+            return
+        if then == "stop":
+            if self._diagnosing.is_set():  # the main thread's failed collective is naming them already
+                return
+            self.store.compare_set(LOST_KEY, "", json.dumps(gone))  # the first learner to see it names them
+            self._exit_lost(self._read_lost(), f"heartbeat still for {limit:.0f} s (frozen, or its machine gone)")
+        for r in gone:
+            self._drop(r, limit)
+        print(f"LeftBehind: learner(s) {gone} gone (heartbeat still for {limit:.0f} s), found {self._where()}; "
+              f"learner {self.rank} cannot step without them and leaves the run; the others go on",
+              file=sys.stderr, flush=True)
+        os._exit(0)  # wherever the main thread is: a collective with the gone learner would block it
 
     def _beat_of(self, rank: int) -> bytes | None:
         key = f"heartbeat/{rank}"
@@ -190,8 +226,22 @@ class Heartbeat:
     def _read_lost(self) -> list[int]:
         return json.loads(self.store.get(LOST_KEY))
 
-    def _message(self, lost: list[int], failure: str) -> str:
-        return f"lost learner(s) {lost} of {self.world_size}, found {self._where()}; {failure}"
+    def _failed(self, lost: list[int]) -> dict[int, str]:
+        """The lost learners that marked an error of their own (mark_failed) -> rank: the error."""
+        with contextlib.suppress(Exception):
+            return {r: self.store.get(f"failed/{r}").decode() for r in lost if self.store.check([f"failed/{r}"])}
+        return {}
+
+    def mark_failed(self, err: BaseException) -> None:
+        """This learner ends with an error of its own: the others must not take it for lost and start again."""
+        with contextlib.suppress(Exception):
+            self.store.set(f"failed/{self.rank}", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+    def _message(self, lost: list[int], failure: str, failed: dict[int, str] | None = None) -> str:
+        text = f"lost learner(s) {lost} of {self.world_size}, found {self._where()}; {failure}"
+        for r, error in (failed or {}).items():
+            text += f"; learner {r} failed with {error} (see its own output): not restarted"
+        return text
 
     def lost_learners(self) -> list[int]:
         """The learners whose heartbeat stood still for three intervals (or the answer another learner already
@@ -232,14 +282,25 @@ class Heartbeat:
         try:
             yield
         except RuntimeError as err:
+            if isinstance(err, (LearnerLost, LeftBehind)):
+                raise
             if gone := cannot_go_on_without():
                 raise LeftBehind(f"learner(s) {gone} gone, found {where()}; learner {self.rank} cannot step without "
                                  "them and leaves the run; the others go on") from err
             lost = self.lost_learners()
             if not lost:
+                self.mark_failed(err)
                 raise
-            raise LearnerLost(self._message(lost, f"the failed call said: {str(err).splitlines()[0]}")) from err
+            failed = self._failed(lost)
+            raise LearnerLost(self._message(lost, f"the failed call said: {str(err).splitlines()[0]}", failed),
+                              restartable=not failed) from err
+        except Exception as err:  # an error of this learner's own (not a failed collective)
+            self.mark_failed(err)
+            raise
 
     def close(self) -> None:
+        """After a run that ended well: the watchers take this learner's still heartbeat for finished, not lost."""
+        with contextlib.suppress(Exception):
+            self.store.set(f"done/{self.rank}", "1")
         self._stop.set()
         self._thread.join(timeout=self.grace_s + 1)  # a store call that hangs must not hold the learner's exit

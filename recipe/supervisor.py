@@ -3,10 +3,12 @@
 The launcher stops every learner as soon as one exits non-zero (deepspeed/launcher/launch.py), which would
 undo comm.on_lost_learner = "continue". So `python -m recipe.train`, started by the launcher, runs the learner
 as a child of this small process (it imports no torch) and waits for it. When the learner is killed by a signal
-the supervisor did not send (SIGKILL, the OOM killer, a segfault) after the learner declared that its run goes
-on without lost learners (declare_goes_on), the supervisor says so and exits 0: the launcher leaves the
-others alone, and they drop the lost learner (comm/health.py). Every other ending passes through unchanged,
-and SIGTERM/SIGINT from the launcher are passed on to the learner.
+the supervisor did not send (SIGKILL, the OOM killer, a segfault), the supervisor says so; if the learner had
+declared that its run goes on without lost learners (declare_goes_on), it exits 0: the launcher leaves the
+others alone, and they drop the lost learner (comm/health.py). Otherwise it exits 128 + the signal, as a shell
+would, and the launcher stops the run, which the elastic agent (recipe/elastic.py) starts again. Every other
+ending passes through unchanged. SIGTERM/SIGINT from the launcher are passed on to the learner, with a SIGCONT:
+a frozen (SIGSTOPped) learner would otherwise hold its signal, and the launcher would wait 30 s to kill it.
 """
 
 from __future__ import annotations
@@ -36,18 +38,21 @@ def supervise(command: list[str]) -> int:
         def forward(signum, _frame):
             forwarded.append(signum)
             child.send_signal(signum)
+            child.send_signal(signal.SIGCONT)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, forward)
         code = child.wait()
         if code >= 0:
             return code
-        killed_by = signal.Signals(-code).name
-        if not forwarded and note.exists():
-            print(f"learner {os.environ.get('RANK', '?')} (pid {child.pid}) was killed by {killed_by}; the others go "
-                  f"on without it (comm.on_lost_learner=continue)", file=sys.stderr, flush=True)
+        if forwarded:
+            return 128 - code  # as a shell reports a learner killed by a signal
+        said = f"learner {os.environ.get('RANK', '?')} (pid {child.pid}) was killed by {signal.Signals(-code).name}"
+        if note.exists():
+            print(f"{said}; the others go on without it (comm.on_lost_learner=continue)", file=sys.stderr, flush=True)
             return 0
-        return 128 - code  # as a shell reports a learner killed by a signal
+        print(f"{said}; the run stops", file=sys.stderr, flush=True)
+        return 128 - code
 
 
 def is_supervised() -> bool:

@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from comm import FaultInjector, ProcessLayout, build_strategy, init_distributed, shutdown_distributed
-from comm.health import Heartbeat, LeftBehind
+from comm.health import RESTART_EXIT, Heartbeat, LearnerLost, LeftBehind
 from model.lstm import count_parameters
 from recipe.evaluate import evaluate, rates
 from recipe.lib.board import Board
@@ -231,6 +231,8 @@ class Trainer:
                            TextColumn("loss {task.fields[loss]:.3f}"),
                            TextColumn("{task.fields[fps]:>7.0f} frames/s"), TimeRemainingColumn(),
                            enabled=self.is_main)
+        if not self.strategy.members.goes_on:  # a frozen learner stops the run within seconds (comm/health.py)
+            self.heartbeat.stop_without(self.strategy.conf["lost_after_s"])
         with bar, self.heartbeat.watch(self.where, self.strategy.members.lost_needed):
             for epoch in range(self.state.epoch + 1, self.max_epochs + 1):
                 if self.state.stop:
@@ -424,6 +426,9 @@ def main(argv=None) -> int:
     except LeftBehind as err:  # a HYBRID node that lost a learner: the other nodes go on
         print(f"LeftBehind: {err}", file=sys.stderr, flush=True)
         os._exit(0)  # its gossip thread may be waiting on a peer: no clean interpreter shutdown to wait for
+    except LearnerLost as err:  # the run stops; the elastic agent (recipe/elastic.py) starts it again
+        print(f"LearnerLost: {err}", file=sys.stderr, flush=True)
+        return RESTART_EXIT if err.restartable else 1
     return 0
 
 

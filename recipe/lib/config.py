@@ -210,6 +210,9 @@ class TrainConf:
     # a learner that hangs fails the others' collectives after this long (a dead one fails them at once)
     collective_timeout_s: float = 600.0
     max_bad_steps: int = 5  # optimizer steps in a row with a non-finite loss or gradient before the run stops
+    # SYNC, LOCALSGD: times stage 3 starts the learners again from the last checkpoint after a lost learner
+    # (recipe/elastic.py); 0: a lost learner ends the run
+    max_restarts: int = 3
 
 
 @dataclass
@@ -306,6 +309,8 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.layers", "model.hidden", "model.stack", "train.epochs", "features.n_mels", "optim.base_batch"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.train.max_restarts < 0:
+        raise ConfigError(f"train.max_restarts={cfg.train.max_restarts} must be >= 0 (0: a lost learner ends the run)")
     if cfg.train.max_epochs < cfg.train.epochs or cfg.train.min_updates < 0:
         raise ConfigError(f"train.max_epochs={cfg.train.max_epochs} must be >= train.epochs={cfg.train.epochs}, "
                           f"and train.min_updates={cfg.train.min_updates} >= 0")
