@@ -4,6 +4,8 @@ processes talking gloo over localhost come from recipe/tools/local_learners.py."
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -33,10 +35,20 @@ def tiny_exp(tmp_path_factory) -> Path:
 
 
 def run_recipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """./run.sh with these arguments (a rendezvous port of its own unless given), output captured."""
+    """./run.sh with these arguments (a rendezvous port of its own unless given), output captured. Past the
+    timeout, everything it started (the agent, the launcher, the learners: one process group) is killed, so that
+    a hung run does not go on loading the machine under the next tests."""
     port = [] if "--master-port" in args else ["--master-port", str(free_port())]
-    return subprocess.run([str(REPO / "run.sh"), *port, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    command = [str(REPO / "run.sh"), *port, *args]
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def train_log(exp: Path) -> list[dict]:

@@ -9,6 +9,8 @@ import re
 import shutil
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,12 +21,15 @@ pytestmark = pytest.mark.slow  # learner processes: not in the fast tier
 
 
 def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
-    """Train with the recipe, learner fault["rank"] faulty -> the metrics, or the error text. Its micro batches
-    fault["nan_steps"] (counted over the whole run) have NaN features; at its micro batch fault["hang_at_step"] it
-    freezes (SIGSTOP, as a learner on a stalled machine) until it is killed fault["frozen_s"] (15) s later; after
-    its micro batch fault["nan_weights_at_step"] its weights are NaN; in fault["idle_epochs"] it gets no batch."""
+    """Train with the recipe, learner fault["rank"] faulty -> the metrics, or the error text (a LearnerLost's
+    ends with whether the run may restart). Its micro batches fault["nan_steps"] (counted over the whole run) have
+    NaN features; at its micro batch fault["hang_at_step"] it freezes (SIGSTOP, as a learner on a stalled machine)
+    until it is killed fault["frozen_s"] (15) s later; at fault["raise_at_step"] it fails with a ValueError of its
+    own; after its micro batch fault["nan_weights_at_step"] its weights are NaN; in fault["idle_epochs"] it gets
+    no batch. With fault["clock"] (a folder), the time it froze and the times the others failed are written there."""
     import recipe.train as recipe_train
     from comm.adpsgd import ADPSGDStrategy
+    from comm.health import LearnerLost
 
     real_step, real_batches, steps = recipe_train.train_step, ADPSGDStrategy.batches, [0]
     here = rank == fault["rank"]
@@ -35,7 +40,11 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
             batch = {**batch, "feats": torch.full_like(batch["feats"], float("nan"))}
         if here and steps[0] == fault.get("hang_at_step"):
             subprocess.Popen(["sh", "-c", f"sleep {fault.get('frozen_s', 15)}; kill -KILL {os.getpid()}"])
+            if "clock" in fault:
+                (Path(fault["clock"]) / "frozen").write_text(str(time.time()))
             os.kill(os.getpid(), signal.SIGSTOP)
+        if here and steps[0] == fault.get("raise_at_step"):
+            raise ValueError("utterance u-17 has no frames")
         out = real_step(engine, strategy, batch)
         if here and steps[0] == fault.get("nan_weights_at_step"):
             with torch.no_grad():
@@ -52,7 +61,10 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     try:
         return recipe_train.Trainer(recipe_train.parse_args(argv)).train()
     except (RuntimeError, FloatingPointError) as err:
-        return f"{type(err).__name__}: {err}"
+        if "clock" in fault:
+            (Path(fault["clock"]) / f"failed-{rank}").write_text(str(time.time()))
+        restart = f" (restartable={err.restartable})" if isinstance(err, LearnerLost) else ""
+        return f"{type(err).__name__}: {err}{restart}"
 
 
 def prepare(tiny_exp, tmp_path, ds: str, die_at_step: dict | None = None, **comm):
@@ -114,13 +126,38 @@ def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd
 
 
 def test_a_frozen_learner_is_named_once_the_collective_timeout_expires(tiny_exp, tmp_path):
-    # its process is alive and its connections open, so nothing fails until train.collective_timeout_s (8 s);
-    # it is killed only at 30 s, so the message must come from the timeout (a broken one would wait for the
-    # kill and name a reset connection instead)
-    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3, "frozen_s": 30}, "train.collective_timeout_s=8")
+    # its process is alive and its connections open, so nothing fails until train.collective_timeout_s (8 s); the
+    # heartbeat would find it only after lost_after_s (60 s) and it is killed only at 30 s, so the message must
+    # come from the timeout, 8 s after the freeze (a broken timeout would wait for the kill: a reset connection)
+    fault = {"rank": 1, "hang_at_step": 3, "frozen_s": 30, "clock": str(tmp_path)}
+    _, out = run(tiny_exp, tmp_path, 2, fault, "train.collective_timeout_s=8", lost_after_s=60)
     assert out[1] is None
     assert out[0].startswith("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1"), out[0]
     assert "last checkpoint: none yet" in out[0] and "timed out" in out[0].lower(), out[0]
+    waited = float((tmp_path / "failed-0").read_text()) - float((tmp_path / "frozen").read_text())
+    assert 8 <= waited < 25, waited
+
+
+def test_a_frozen_learner_stops_the_others_once_its_heartbeat_stands_still(tiny_exp, tmp_path, capfd):
+    # SYNC, learner 1 frozen at its 3rd batch and killed at 40 s; the collective timeout is 600 s. Learner 0's
+    # heartbeat finds it still for lost_after_s (5 s) and ends learner 0 (RESTART_EXIT) wherever it waits; the
+    # elastic agent would start the run again (test_elastic.py). Without that watch, the kill at 40 s would end
+    # the wait with a reset connection and another message
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3, "frozen_s": 40})
+    assert out == [None, None], out
+    err = capfd.readouterr().err
+    assert ("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1 (last checkpoint: none yet); "
+            "heartbeat still for 5 s (frozen, or its machine gone)") in err, err[-3000:]
+
+
+def test_a_learner_that_fails_on_its_own_is_not_taken_for_lost(tiny_exp, tmp_path):
+    # learner 1 raises at its 3rd batch (a bug, a bad file): starting again would fail the same way, so the
+    # others say what it failed with and must not ask for a restart
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "raise_at_step": 3})
+    assert out[1] is None, out
+    assert out[0].startswith("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1"), out[0]
+    assert out[0].endswith("; learner 1 failed with ValueError: utterance u-17 has no frames (see its own output): "
+                           "not restarted (restartable=False)"), out[0]
 
 
 def test_a_learner_with_no_batch_in_an_epoch_still_ends_it(tiny_exp, tmp_path):
@@ -189,15 +226,6 @@ def test_hybrid_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path, c
     assert [r["learner_micro_steps"] for r in log[1:]] == [[6, 6, 0, 0]] * 2
     assert log[2]["heldout_loss"] < log[0]["heldout_loss"]
     assert torch.load(exp / "checkpoints" / "epoch-003.pt", weights_only=True)["epoch"] == 3
-
-
-def test_a_dead_learner_under_the_launcher_stops_the_run_with_its_name(tiny_exp, tmp_path):
-    exp, ds = prepare(tiny_exp, tmp_path, "sync.json", die_at_step={"1": 6})
-    out = run_recipe("--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3", "--ds-config",
-                     str(ds), *TINY, "train.epochs=2", timeout=300)
-    assert out.returncode != 0
-    assert "LearnerLost: lost learner(s) [1] of 3" in out.stdout + out.stderr, out.stdout[-3000:]
-    assert not (exp / ".done" / "stage-3").exists()
 
 
 def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_path):
