@@ -112,6 +112,7 @@ class GossipThread:
         staging: the buffers between the weights and the host (comm/staging.py), kept by the strategy from one
         epoch's thread to the next (None: new ones)."""
         self.params = params
+        self.rank = dist.get_rank()  # the sender its headers name
         self.peer_of_round = peer_of_round
         self.group = group
         self.step_lock = step_lock
@@ -237,14 +238,14 @@ class GossipThread:
         self.stats.exchange_seconds += time.perf_counter() - t0
 
     def _send_receive(self, r: int, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> None:
-        header = torch.tensor([r, dist.get_rank(), outgoing.numel()])
+        header = torch.tensor([r, self.rank, outgoing.numel()])
         peer_header = torch.empty_like(header)
         sent_header = dist.isend(header, peer, group=self.group)
         dist.irecv(peer_header, peer, group=self.group).wait()
         if peer_header.tolist() != [r, peer, outgoing.numel()]:
             got_round, got_sender, got_length = peer_header.tolist()
             raise GossipProtocolError(
-                f"learner {dist.get_rank()}, round {r}: expected {outgoing.numel()} weights from learner {peer}, "
+                f"learner {self.rank}, round {r}: expected {outgoing.numel()} weights from learner {peer}, "
                 f"got a header for round {got_round} from learner {got_sender} with {got_length} weights")
         requests = [sent_header, dist.isend(outgoing, peer, group=self.group),
                     dist.irecv(incoming, peer, group=self.group)]

@@ -5,6 +5,7 @@ exception."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -43,7 +44,21 @@ def file_content(lines: st.SearchStrategy) -> st.SearchStrategy:
 
 
 @st.composite
+def sound_data_dirs(draw, audio: str) -> dict[str, bytes | None]:
+    """Well-formed dirs (random ids, transcripts, with or without utt2spk): without them the random files
+    below almost never load, and the property would test the error path alone."""
+    utts = draw(st.lists(st.sampled_from(["a", "b", "utt-1", "spk2-x"]), min_size=1, max_size=3, unique=True))
+    words = st.text(alphabet="abc ", min_size=1, max_size=8).filter(str.strip)
+    return {"wav.scp": "".join(f"{u} {audio}\n" for u in utts).encode(),
+            "text": "".join(f"{u} {draw(words)}\n" for u in utts).encode(),
+            "utt2spk": draw(st.none() | st.just("".join(f"{u} spk\n" for u in utts).encode())),
+            "segments": None}
+
+
+@st.composite
 def data_dirs(draw, audio: str, broken: str) -> dict[str, bytes | None]:
+    if draw(st.integers(0, 3)) == 0:
+        return draw(sound_data_dirs(audio))
     return {
         "wav.scp": draw(file_content(table_line(scp_entries(audio, broken)))),
         "text": draw(file_content(table_line(noise))),
@@ -53,9 +68,9 @@ def data_dirs(draw, audio: str, broken: str) -> dict[str, bytes | None]:
     }
 
 
-@SETTINGS
-@given(data=st.data())
-def test_any_data_dir_loads_or_fails_with_a_data_error(data):
+def load_drawn_data_dir(data) -> str:
+    """Draw a data dir from data_dirs, write it and load it -> "loaded", or "error" (after checking that the
+    DataError names the data dir, and the utterances loaded are sound)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         audio, broken = root / "one.wav", root / "broken.wav"
@@ -73,11 +88,18 @@ def test_any_data_dir_loads_or_fails_with_a_data_error(data):
             utts, skipped = load_data_dir(d)
         except DataError as err:
             assert str(err).startswith(str(d)), err  # every message names the file (and line) it is about
-            return
+            return "error"
         finally:
             os.chdir(cwd)
         assert utts and all(u.text and u.text == " ".join(u.text.split()) for u in utts)
         assert all(u.end is None or 0 <= u.start < u.end for u in utts)
+        return "loaded"
+
+
+@SETTINGS
+@given(data=st.data())
+def test_any_data_dir_loads_or_fails_with_a_data_error(data):
+    load_drawn_data_dir(data)
 
 
 @SETTINGS
@@ -89,9 +111,13 @@ def test_any_tokens_file_reads_or_fails_with_a_data_error(content):
         try:
             read_tokens(path)
         except DataError as err:
-            assert str(path) in str(err)
+            message = str(err)
+            assert message.startswith(f"{path}:"), message
+            if "UTF-8" not in message:  # a fault on a line: its number follows the file name
+                assert re.match(rf"{re.escape(str(path))}:\d+: ", message), message
 
 
+SETTING = re.compile(r"\b(data|features|model|optim|train|decode)\.\w+")  # a setting's dotted key
 keys = st.sampled_from(["model.hidden", "model.layers", "model.dropout", "optim.lr", "optim.name", "train.epochs",
                         "features.cmvn", "data.corpus", "model.nope", "train", "optim.batch_scaling", "x.y.z"])
 values = st.sampled_from(["1", "0", "-3", "0.5", "1e-3", "adam", "sgd", "abc", "", "[1, 2]", "{a: 1}", "null",
@@ -110,33 +136,22 @@ def test_any_config_loads_or_fails_with_a_config_error(overrides, yaml):
             path.write_text(yaml)
         try:
             cfg = load_config(path, overrides)
-        except ConfigError:
+        except ConfigError as err:  # it names where the bad value came from: the file (and line), the
+            message = str(err)      # command line, or the key it set
+            sources = ([str(path)] if path else []) + ["command-line override"]
+            assert any(source in message for source in sources) or SETTING.search(message), message
             return
         assert cfg.model.hidden >= 1 and 0 <= cfg.model.dropout < 1
 
 
 def test_the_data_dir_strategy_reaches_both_outcomes():
-    """The property above is only worth something if random dirs both load and fail."""
+    """The property above is only worth something if the dirs it draws both load and fail."""
     outcomes = set()
 
-    @settings(max_examples=80, deadline=None)
+    @settings(max_examples=150, deadline=None)
     @given(data=st.data())
     def probe(data):
-        root = Path(tempfile.mkdtemp())
-        try:
-            audio = root / "one.wav"
-            soundfile.write(audio, np.zeros(1600, dtype=np.float32), 16000)
-            d = root / "data"
-            d.mkdir()
-            (d / "wav.scp").write_text(data.draw(st.sampled_from([f"a {audio}\n", "a /none.wav\n"])))
-            (d / "text").write_text(data.draw(st.sampled_from(["a hello\n", "a\n"])))
-            try:
-                load_data_dir(d)
-                outcomes.add("loaded")
-            except DataError:
-                outcomes.add("error")
-        finally:
-            shutil.rmtree(root)
+        outcomes.add(load_drawn_data_dir(data))
 
     probe()
     assert outcomes == {"loaded", "error"}

@@ -24,11 +24,20 @@ def test_a_blank_or_wrong_model_is_never_silent():
 
 
 def test_the_report_says_how_long_newbob_trained_and_why():
+    # the stop reasons are the ones newbob() gives (not made up here): a run that stalled, and one that
+    # annealed for newbob_anneal_epochs
+    from recipe.lib.config import load_config
+    from recipe.lib.schedule import newbob
     from recipe.report import schedule_summary
 
+    optim = load_config().optim
+    stalled = newbob([5.0, 4.0, 3.9, 3.9, 3.9, 3.9, 3.9], 4, 2, True, optim)
+    assert stalled.stop and stalled.stop.startswith("the dev loss gained less than"), stalled
+    assert schedule_summary({"epochs": 7, "schedule": "newbob", "anneal_from": 4, "stop": stalled.stop}) == \
+        f"7 (newbob: annealed from epoch 4; {stalled.stop})"
+    falling = [10.0 * 0.5 ** i for i in range(2 + optim.newbob_anneal_epochs)]  # annealed from epoch 3 on
+    long = newbob(falling, 3, 2, True, optim)
+    assert long.stop == f"{optim.newbob_anneal_epochs} annealed epochs (optim.newbob_anneal_epochs)", long
     assert schedule_summary({"epochs": 4, "schedule": "fixed"}) == "4"
-    assert schedule_summary({"epochs": 9, "schedule": "newbob", "anneal_from": 6,
-                             "stop": "no new best held-out loss in the last 2 annealed epochs"}) == \
-        "9 (newbob: annealed from epoch 6; no new best held-out loss in the last 2 annealed epochs)"
     assert schedule_summary({"epochs": 40, "schedule": "newbob", "anneal_from": None, "stop": None}) == \
         "40 (newbob: never annealed; train.max_epochs reached)"
