@@ -68,6 +68,42 @@ def test_resume_equals_uninterrupted(tiny_exp, tmp_path):
     assert all(e.value > 0 for e in board.Scalars("train/grad_norm"))
 
 
+def test_newbob_anneals_stops_and_resumes_across_its_annealing_start(tiny_exp, tmp_path):
+    # The default schedule inside the loop (the shared settings pin optim.schedule=fixed and train.epochs, which
+    # newbob then only trains). Micro batches of 4 at lr 1e-2, so the tiny model leaves the all-blank plateau
+    # in a few epochs (newbob does not anneal before that); a margin of 50%, so the first epoch after that
+    # starts annealing, and 2 annealed epochs end the run. The resumed run is interrupted (train.max_epochs)
+    # once annealing is decided and before it starts, and must reproduce the uninterrupted run bit for bit.
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for exp in (straight, resumed):
+        shutil.copytree(tiny_exp, exp)
+    ds = json.loads((REPO / "ds_configs" / "sync.json").read_text())
+    ds["train_micro_batch_size_per_gpu"] = 4
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    tiny = [a for a in TINY if not a.startswith("train.epochs=")]
+    newbob = [*tiny, "optim.schedule=newbob", "optim.lr=1e-2", "optim.newbob_margin=0.5",
+              "optim.newbob_anneal_epochs=2"]
+
+    def run(exp, *extra):
+        return run_learners(train_learner, 2, ["--exp", str(exp), "--ds-config", str(tmp_path / "ds.json"),
+                                               *newbob, *extra])
+
+    metrics, _ = run(straight, "train.max_epochs=12")
+    log, start = train_log(straight), metrics["anneal_from"]
+    assert start is not None and 3 <= start <= 10 and metrics["epochs"] == len(log) == start + 1, (metrics, log)
+    assert metrics["stop"] == "2 annealed epochs (optim.newbob_anneal_epochs)"
+    lrs = [r["lr"] for r in log]
+    assert len(set(lrs[: start - 1])) == 1 and lrs[start - 2] > lrs[start - 1] > lrs[start], lrs  # peak, then down
+
+    run(resumed, f"train.max_epochs={start - 1}")
+    assert train_log(resumed)[-1]["epoch"] == start - 1
+    run(resumed, "train.max_epochs=12", "--resume")
+    assert log_without_times(resumed) == log_without_times(straight)
+    last = f"epoch-{start + 1:03d}.pt"
+    a, b = (torch.load(exp / "checkpoints" / last, weights_only=True)["model"] for exp in (straight, resumed))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
 def test_a_run_that_does_not_learn_says_so(tiny_exp, tmp_path, capsys):
     """A learning rate too small to leave CTC's all-blank plateau: the log, metrics.json and the report say so."""
     from recipe.report import main as report
