@@ -28,7 +28,7 @@ def master_weights(engine) -> list[torch.Tensor]:
     low = getattr(optimizer, "fp16_groups", None)  # DeepSpeed's names, for bf16 as for fp16
     if engine.zero_optimization() or low is None:
         raise UnsupportedPrecision(
-            f"ADPSGD and HYBRID mix the fp32 master weights of DeepSpeed's fp16/bf16 optimizer without ZeRO; "
+            f"ADPSGD, HYBRID and LOCALSGD mix the fp32 master weights of DeepSpeed's fp16/bf16 optimizer without ZeRO; "
             f"this engine's optimizer is {type(optimizer).__name__}"
             f"{' with ZeRO' if engine.zero_optimization() else ''}: remove zero_optimization from the JSON")
     if hasattr(optimizer, "fp32_groups"):  # FP16_UnfusedOptimizer: an fp32 tensor per parameter

@@ -266,3 +266,18 @@ def test_hybrid_goes_on_without_the_node_of_a_frozen_learner(tiny_exp, tmp_path,
     assert log[-1]["lost_learners"] == [2, 3] and log[-1]["wall_s"] < 30, [r["epoch_wall_s"] for r in log]
     err = capfd.readouterr().err
     assert "LeftBehind: learner(s) [3] gone (heartbeat still for 10 s), found on learner 2 in epoch" in err, err
+
+
+def test_hybrid_under_the_launcher_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path):
+    # learner 3 killed at its 2nd batch: its supervisor exits 0 (the run goes on), its node mate 2 leaves with
+    # LeftBehind and exit 0, node 0 finishes; the launcher, which stops everyone at the first non-zero exit,
+    # sees none, and run.sh ends with stage 3 done
+    exp, ds = prepare(tiny_exp, tmp_path, "hybrid.json", die_at_step={"3": 2})
+    out = run_recipe("--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "4", "--nodes", "2",
+                     "--ds-config", str(ds), *TINY, "train.epochs=2", timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "learner 3 (pid " in text and "was killed by SIGKILL; the others go on" in text, text[-4000:]
+    assert "LeftBehind: learner(s) [3] gone" in text and "elastic:" not in text, text[-4000:]
+    assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2, 3]
+    assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()
