@@ -54,12 +54,10 @@ def prepare(tiny_exp, tmp_path, ds: str, **comm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ds, fault, comm", [
+@pytest.mark.parametrize("ds, fault, comm", [  # the other two pairs run the same code (measured, RELIABILITY.md)
     ("sync.json", "die_at_step", {}),
-    ("sync.json", "freeze_at_step", {}),
-    ("localsgd.json", "die_at_step", {"period": 2, "warmup_steps": 2}),
     ("localsgd.json", "freeze_at_step", {"period": 2, "warmup_steps": 2})],
-    ids=["sync-killed", "sync-frozen", "localsgd-killed", "localsgd-frozen"])
+    ids=["sync-killed", "localsgd-frozen"])
 def test_a_lost_learner_restarts_the_run_from_its_last_checkpoint(tiny_exp, tmp_path, ds, fault, comm):
     # 4 learners, 3 micro batches each an epoch (96 utterances, micro batch 8): learner 3's 5th is in epoch 2
     exp, ds_path = prepare(tiny_exp, tmp_path, ds, debug={fault: {"3": 5}}, **comm)

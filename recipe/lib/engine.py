@@ -130,13 +130,19 @@ def pack_rnn_weights(engine) -> int:
     return len(rnns)
 
 
+def initial_learning_rate(conf, strategy_name: str, replicas: int, global_batch: int) -> float:
+    """The rate the optimizer is built with: the schedule's at the start of training (the loop sets it at every
+    step)."""
+    optim = for_strategy(conf, strategy_name).optim  # optim.batch_scaling=auto
+    return learning_rate(optim, global_batch, 1, 0.0, None, replicas)
+
+
 def experiment_engine(exp, engine_conf: dict, strategy, input_dim: int, global_batch: int):
     """The engine of an experiment's model and optimizer (EXP's config), the same initial weights everywhere."""
-    conf = for_strategy(exp.conf, strategy.name)  # optim.batch_scaling=auto
-    torch.manual_seed(conf.train.seed)
+    torch.manual_seed(exp.conf.train.seed)
     model = exp.build_model(input_dim)
-    lr = learning_rate(conf.optim, global_batch, 1, 0.0, None, strategy.replicas)
-    optimizer = make_optimizer(conf.optim, model.parameters(), lr)
+    lr = initial_learning_rate(exp.conf, strategy.name, strategy.replicas, global_batch)
+    optimizer = make_optimizer(exp.conf.optim, model.parameters(), lr)
     return build_engine(model, optimizer, engine_conf, strategy)
 
 

@@ -8,7 +8,8 @@ sync: the recipe's SYNC training path (DeepSpeed engine, train_step of recipe/tr
 hand-written PyTorch DistributedDataParallel loop: same model, same batches, same learners and threads per
 learner, same optimizer and gradient clipping. The arms alternate (DDP, recipe, DDP, ...) so drift in the
 machine's speed hits both; the first steps of each arm are warm-up. Prints recipe/DDP frames/s (target
->= 0.95), and feature extraction's real-time factor with 1 and 2 workers.
+>= 0.95), how far apart the arms' weights end (0: the same updates), and feature extraction's real-time factor
+with 1 and 2 workers.
 
 adpsgd: one epoch of recipe/train.py per arm on a corpus subset, arms interleaved: SYNC, ADPSGD, ADPSGD with
 gossip off, with fp16 exchanges, with a round every other step, and each strategy with learner 1 slowed 2x
@@ -45,7 +46,8 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     from comm import ProcessLayout, build_strategy, init_distributed
     from recipe.lib.dataset import BucketBatchSampler
     from recipe.lib.ds_config import load_ds_config
-    from recipe.lib.engine import batch_loss, experiment_engine, make_optimizer, threads_per_learner, train_step
+    from recipe.lib.engine import (batch_loss, experiment_engine, initial_learning_rate, make_optimizer,
+                                   threads_per_learner, train_step)
     from recipe.lib.experiment import Experiment
 
     exp = Experiment(args["exp"])
@@ -61,6 +63,7 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
         init_distributed()
         strategy = build_strategy(comm_conf, ProcessLayout.from_env())
         engine = experiment_engine(exp, engine_conf, strategy, data.dim, micro * world)
+        model = engine.module
 
         def step(b):
             train_step(engine, strategy, b)
@@ -68,7 +71,8 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
         dist.init_process_group("gloo")
         torch.manual_seed(conf.train.seed)
         model = torch.nn.parallel.DistributedDataParallel(exp.build_model(data.dim))
-        optimizer = make_optimizer(conf.optim, model.parameters(), conf.optim.lr)
+        lr = initial_learning_rate(conf, "sync", 1, micro * world)  # the recipe's engine's (until stop 41: optim.lr)
+        optimizer = make_optimizer(conf.optim, model.parameters(), lr)
         clip = engine_conf.get("gradient_clipping", 0.0)
 
         def step(b):
@@ -92,7 +96,8 @@ def throughput_learner(rank: int, world: int, arm: str, args: dict) -> dict:
     frames = torch.tensor([float(sum(int(b["lengths"].sum()) for b in collated[WARMUP_STEPS:]))])
     dist.all_reduce(frames)
     dist.destroy_process_group()
-    return {"frames_per_s": frames.item() / wall, "wall_s": wall}
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])  # the arms must train alike
+    return {"frames_per_s": frames.item() / wall, "wall_s": wall, "weights": weights}
 
 
 def feature_rtf(exp_dir: str, workers: int) -> float:
@@ -119,8 +124,9 @@ def bench_sync(a) -> None:
         ddp = run_learners(throughput_learner, a.learners, "ddp", args)[0]
         recipe = run_learners(throughput_learner, a.learners, "recipe", args)[0]
         ratios.append(recipe["frames_per_s"] / ddp["frames_per_s"])
+        apart = (ddp["weights"] - recipe["weights"]).abs().max().item()  # like for like: the same updates
         print(f"round {r}: DDP {ddp['frames_per_s']:8.0f} frames/s   recipe SYNC {recipe['frames_per_s']:8.0f} "
-              f"frames/s   ratio {ratios[-1]:.3f}")
+              f"frames/s   ratio {ratios[-1]:.3f}   weights apart by {apart:.1e}")
     print(f"recipe / DDP throughput ratio: median {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     for workers in (1, 2):
