@@ -3,6 +3,7 @@ ds config's comm.debug.die_at_step), under our own process starter and under the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,6 +50,7 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
             subprocess.Popen(["sh", "-c", f"sleep {fault.get('frozen_s', 15)}; kill -KILL {os.getpid()}"])
             if "clock" in fault:
                 (Path(fault["clock"]) / "frozen").write_text(str(time.time()))
+                (Path(fault["clock"]) / "frozen-pid").write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGSTOP)
         if here and steps[0] == fault.get("raise_at_step"):
             raise ValueError("utterance u-17 has no frames")
@@ -67,7 +69,12 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     ADPSGDStrategy.batches = batches
     try:
         trainer = recipe_train.Trainer(recipe_train.parse_args(argv))
-        return {**trainer.train(), "weights": weights_digest(trainer.engine.module)}
+        metrics = trainer.train()
+        frozen = Path(fault.get("clock", "/nonexistent")) / "frozen-pid"
+        if frozen.exists():  # the survivors are done: no need to wait for the frozen learner's kill
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(frozen.read_text()), signal.SIGKILL)
+        return {**metrics, "weights": weights_digest(trainer.engine.module)}
     except (RuntimeError, FloatingPointError) as err:
         if "clock" in fault:
             (Path(fault["clock"]) / f"failed-{rank}").write_text(str(time.time()))
@@ -112,6 +119,13 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_the_checkpoint_named(tiny_e
     assert torch.load(exp / "checkpoints" / "epoch-001.pt", weights_only=True)["epoch"] == 1
 
 
+def never_waited_again(log: list[dict], lost_in: int, lost_after_s: float = 5.0) -> bool:
+    """The epochs after the one that lost a learner do not wait lost_after_s for it again: each is shorter than
+    that epoch by more than half of it (the same work, less the wait; compared with each other, not with a fixed
+    time, which a loaded machine stretches)."""
+    return all(r["epoch_wall_s"] < log[lost_in]["epoch_wall_s"] - lost_after_s / 2 for r in log[lost_in + 1:])
+
+
 @pytest.mark.parametrize("ds, world, comm", [("sync.json", 3, {}), ("adpsgd.json", 4, {"on_lost_learner": "stop"})],
                          ids=["sync-3", "adpsgd-stop-4"])
 def test_a_dead_learner_is_named_by_the_others_at_once(tiny_exp, tmp_path, capfd, ds, world, comm):
@@ -147,11 +161,11 @@ def test_a_frozen_learner_is_named_once_the_collective_timeout_expires(tiny_exp,
 
 
 def test_a_frozen_learner_stops_the_others_once_its_heartbeat_stands_still(tiny_exp, tmp_path, capfd):
-    # SYNC, learner 1 frozen at its 3rd batch and killed at 40 s; the collective timeout is 600 s. Learner 0's
+    # SYNC, learner 1 frozen at its 3rd batch and killed at 20 s; the collective timeout is 600 s. Learner 0's
     # heartbeat finds it still for lost_after_s (5 s) and ends learner 0 (RESTART_EXIT) wherever it waits; the
-    # elastic agent would start the run again (test_elastic.py). Without that watch, the kill at 40 s would end
+    # elastic agent would start the run again (test_elastic.py). Without that watch, the kill at 20 s would end
     # the wait with a reset connection and another message
-    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3, "frozen_s": 40})
+    _, out = run(tiny_exp, tmp_path, 2, {"rank": 1, "hang_at_step": 3, "frozen_s": 20})
     assert out == [None, None], out
     err = capfd.readouterr().err
     assert ("LearnerLost: lost learner(s) [1] of 2, found on learner 0 in epoch 1 (last checkpoint: none yet); "
@@ -190,15 +204,17 @@ def test_non_finite_weights_stop_the_consensus_naming_the_learner(tiny_exp, tmp_
 def test_adpsgd_goes_on_without_a_frozen_gossip_peer(tiny_exp, tmp_path, capfd):
     # learner 2 freezes (SIGSTOP: no connection reset, as a node lost to a power cut or a partition) at its 2nd
     # batch; its gossip partners stop waiting once its heartbeat has stood still for lost_after_s (5 s), not
-    # after the group's timeout, and the survivors finish both epochs long before it is killed (25 s). Its 2nd
-    # batch falls in epoch 2 when the others took all but one of epoch 1's 12 batches (a late start)
-    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 2, "hang_at_step": 2, "frozen_s": 25}, ds="adpsgd.json")
+    # after the group's timeout, and the survivors finish both epochs long before it would be killed (120 s; they
+    # kill it when done). Its 2nd batch falls in epoch 2 when the others took all but one of epoch 1's 12 batches
+    fault = {"rank": 2, "hang_at_step": 2, "frozen_s": 120, "clock": str(tmp_path)}  # killed once the others end
+    exp, out = run(tiny_exp, tmp_path, 4, fault, ds="adpsgd.json")
     assert out[2] is None and all(isinstance(m, dict) for m in out[:2] + out[3:]), out
     log = train_log(exp)
     lost = [r.get("lost_learners") for r in log]
     frozen = lost.index([2])  # the epoch it froze in, and lost from then on
     assert lost[frozen:] == [[2]] * (len(log) - frozen) and log[frozen]["gossip_rounds_skipped"] > 0, log
-    assert log[frozen]["epoch_wall_s"] < 5 + 8 and log[-1]["wall_s"] < 20, [r["epoch_wall_s"] for r in log]
+    # not the collective timeout's 600 s (gloo's own default is 30 minutes); bounds loose enough for a loaded machine
+    assert log[frozen]["epoch_wall_s"] < 60 and log[-1]["wall_s"] < 90, [r["epoch_wall_s"] for r in log]
     assert "LearnerLost: learner 2 of 4 is gone (heartbeat still for 5 s)" in capfd.readouterr().err
 
 
@@ -219,7 +235,7 @@ def test_adpsgd_goes_on_without_a_dead_learner(tiny_exp, tmp_path, capfd):
     # log says it in the epoch it happened
     err = capfd.readouterr().err
     assert err.count("LearnerLost: learner 2 of 4 is gone") == 1 and err.count("learner(s) [2] lost in epoch") == 1
-    assert all(r["epoch_wall_s"] < 4 for r in log[died + 1:]), [r["epoch_wall_s"] for r in log]
+    assert never_waited_again(log, died), [r["epoch_wall_s"] for r in log]
 
 
 def test_hybrid_goes_on_without_the_node_of_a_dead_learner(tiny_exp, tmp_path, capfd):
@@ -248,7 +264,7 @@ def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_
     assert text.count("LearnerLost: learner 2 of 4 is gone") == 1 and text.count("[2] lost in epoch") == 1, text
     log = train_log(exp)
     died = next(i for i, r in enumerate(log) if r["lost_learners"])
-    assert all(r["epoch_wall_s"] < 4 for r in log[died + 1:]), [r["epoch_wall_s"] for r in log]
+    assert never_waited_again(log, died), [r["epoch_wall_s"] for r in log]
     assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
     assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-003.pt").exists()
     assert "lost learners" in text and "[2] in epoch 1; 3 went on" in text  # stage 5's report says so
@@ -257,13 +273,14 @@ def test_adpsgd_under_the_launcher_goes_on_without_a_dead_learner(tiny_exp, tmp_
 def test_hybrid_goes_on_without_the_node_of_a_frozen_learner(tiny_exp, tmp_path, capfd):
     # learner 3 freezes at its 2nd batch: its node mate 2 waits in a node allreduce that a frozen peer never fails
     # (as NCCL's never fails for a dead one) and leaves once 3's heartbeat has stood still for 2 x 5 s, not after
-    # the collective timeout (600 s); node 0 goes on alone, long before 3 is killed (40 s)
-    exp, out = run(tiny_exp, tmp_path, 4, {"rank": 3, "hang_at_step": 2, "frozen_s": 40}, "--nodes", "2",
-                   ds="hybrid.json")
+    # the collective timeout (600 s); node 0 goes on alone, long before 3 would be killed (120 s; node 0 kills it
+    # when done)
+    fault = {"rank": 3, "hang_at_step": 2, "frozen_s": 120, "clock": str(tmp_path)}  # killed once the others end
+    exp, out = run(tiny_exp, tmp_path, 4, fault, "--nodes", "2", ds="hybrid.json")
     assert out[2] is None and out[3] is None and all(isinstance(m, dict) for m in out[:2]), out
     assert out[0]["lost_learners"] == [2, 3]
     log = train_log(exp)
-    assert log[-1]["lost_learners"] == [2, 3] and log[-1]["wall_s"] < 30, [r["epoch_wall_s"] for r in log]
+    assert log[-1]["lost_learners"] == [2, 3] and log[-1]["wall_s"] < 90, [r["epoch_wall_s"] for r in log]
     err = capfd.readouterr().err
     assert "LeftBehind: learner(s) [3] gone (heartbeat still for 10 s), found on learner 2 in epoch" in err, err
 
