@@ -96,6 +96,7 @@ class Agent:
         self.exp = Path(args.exp)
         self.max_restarts = load_config(args.conf, args.overrides).train.max_restarts
         self.attempts: list[Attempt] = []
+        self.process: subprocess.Popen | None = None  # the launcher of the attempt running
         self.stopping = False  # SIGINT/SIGTERM from the user: passed on, never restarted
 
     def run(self) -> int:
@@ -135,7 +136,7 @@ class Agent:
 
     def _stop(self, signum, _frame) -> None:
         self.stopping = True
-        if getattr(self, "process", None) is not None and self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signum)
 
     def last_checkpoint(self) -> str | None:
