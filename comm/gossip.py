@@ -25,6 +25,7 @@ then on: no exchange, no merge. The survivors' weights still sum to what they di
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -112,7 +113,6 @@ class GossipThread:
         staging: the buffers between the weights and the host (comm/staging.py), kept by the strategy from one
         epoch's thread to the next (None: new ones)."""
         self.params = params
-        self.rank = dist.get_rank()  # the sender its headers name
         self.peer_of_round = peer_of_round
         self.group = group
         self.step_lock = step_lock
@@ -134,6 +134,11 @@ class GossipThread:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="gossip", daemon=True)
+
+    @functools.cached_property
+    def rank(self) -> int:
+        """The sender this learner's headers name (read at the first exchange: tests fake the exchange)."""
+        return dist.get_rank()
 
     def start(self) -> "GossipThread":
         self._thread.start()
