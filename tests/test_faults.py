@@ -70,16 +70,23 @@ def faulty_learner(rank: int, world: int, argv: list[str], fault: dict):
     try:
         trainer = recipe_train.Trainer(recipe_train.parse_args(argv))
         metrics = trainer.train()
-        frozen = Path(fault.get("clock", "/nonexistent")) / "frozen-pid"
-        if frozen.exists():  # the survivors are done: no need to wait for the frozen learner's kill
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(frozen.read_text()), signal.SIGKILL)
+        end_the_frozen_learner(fault)
         return {**metrics, "weights": weights_digest(trainer.engine.module)}
     except (RuntimeError, FloatingPointError) as err:
         if "clock" in fault:
             (Path(fault["clock"]) / f"failed-{rank}").write_text(str(time.time()))
+        end_the_frozen_learner(fault)
         restart = f" (restartable={err.restartable})" if isinstance(err, LearnerLost) else ""
         return f"{type(err).__name__}: {err}{restart}"
+
+
+def end_the_frozen_learner(fault: dict) -> None:
+    """A survivor done with its run kills the frozen learner rather than wait for its kill at frozen_s: the test
+    is then as long as the survivors take, and a broken wait (up to frozen_s) shows in their times."""
+    frozen = Path(fault.get("clock", "/nonexistent")) / "frozen-pid"
+    if frozen.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(frozen.read_text()), signal.SIGKILL)
 
 
 def prepare(tiny_exp, tmp_path, ds: str, die_at_step: dict | None = None, **comm):
