@@ -234,8 +234,9 @@ class Heartbeat:
 
     def mark_failed(self, err: BaseException) -> None:
         """This learner ends with an error of its own: the others must not take it for lost and start again."""
+        first_line = (str(err).splitlines() or [""])[0]
         with contextlib.suppress(Exception):
-            self.store.set(f"failed/{self.rank}", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            self.store.set(f"failed/{self.rank}", f"{type(err).__name__}: {first_line}")
 
     def _message(self, lost: list[int], failure: str, failed: dict[int, str] | None = None) -> str:
         text = f"lost learner(s) {lost} of {self.world_size}, found {self._where()}; {failure}"

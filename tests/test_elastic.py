@@ -91,6 +91,7 @@ def test_a_learner_lost_more_often_than_allowed_ends_the_run_naming_it(tiny_exp,
     assert out.returncode in (137, RESTART_EXIT), text[-4000:]
     restarts = re.findall(r"elastic: learner\(s\) \[1\] lost \(exit status (\d+)\); restart 1 of at most 1", text)
     assert len(restarts) == 1 and int(restarts[0]) in (137, RESTART_EXIT), text[-4000:]
+    checkpoint = exp / "checkpoints" / "epoch-002.pt"
     assert (f"elastic: learner(s) [1] lost 2 time(s), more than train.max_restarts=1; the run stops. Its last "
-            f"checkpoint: {exp / 'checkpoints' / 'epoch-002.pt'}; go on from it with ./run.sh --stage 3 --resume") in text
+            f"checkpoint: {checkpoint}; go on from it with ./run.sh --stage 3 --resume") in text
     assert not (exp / ".done" / "stage-3").exists()
