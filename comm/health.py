@@ -75,6 +75,8 @@ class Heartbeat:
         # leave_without() / stop_without(): the learners watched, how long they may stand still, and what then
         self._watched: tuple[list[int], float, str] = ([], 0.0, "")
         self._reported: set[int] = set()  # the learners this one dropped and said so
+        self.longest_stall_s = 0.0  # the longest this learner itself stood still (a gap between its beats)
+        self._dropped_after_s: float | None = None  # dropped_if_still()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
@@ -82,7 +84,10 @@ class Heartbeat:
     def _beat(self) -> None:
         beats, lost_seen_at, failing_since = 0, None, None
         needed_seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last beat, when it last changed)
+        last = time.monotonic()
         while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            self.longest_stall_s, last = max(self.longest_stall_s, now - last - self.interval_s), now
             try:
                 self.store.set(f"heartbeat/{self.rank}", str(beats))
                 beats += 1
@@ -116,6 +121,12 @@ class Heartbeat:
     def leave_without(self, ranks: list[int], stall_s: float) -> None:
         """From now on, leave the run (exit 0, LeftBehind) once one of `ranks` has stood still for 2 x stall_s."""
         self._watched = (list(ranks), 2 * stall_s, "leave")
+
+    def dropped_if_still(self, stall_s: float) -> None:
+        """For a run that goes on without lost learners: once this learner has itself stood still for stall_s
+        (a stalled machine, SIGSTOP), the others have dropped it and may even have finished; a failure after
+        that makes it leave (LeftBehind, exit 0), not stop the run for a learner it takes for lost."""
+        self._dropped_after_s = stall_s
 
     def stop_without(self, stall_s: float) -> None:
         """From now on, stop this learner (LearnerLost, RESTART_EXIT) once any other has stood still for stall_s,
@@ -288,6 +299,10 @@ class Heartbeat:
             if gone := cannot_go_on_without():
                 raise LeftBehind(f"learner(s) {gone} gone, found {where()}; learner {self.rank} cannot step without "
                                  "them and leaves the run; the others go on") from err
+            if self._dropped_after_s is not None and self.longest_stall_s > self._dropped_after_s:
+                raise LeftBehind(f"learner {self.rank} stood still for {self.longest_stall_s:.0f} s (more than "
+                                 f"{self._dropped_after_s:.0f} s: the others dropped it and went on), found "
+                                 f"{where()}; it leaves the run") from err
             lost = self.lost_learners()
             if not lost:
                 self.mark_failed(err)

@@ -231,8 +231,11 @@ class Trainer:
                            TextColumn("loss {task.fields[loss]:.3f}"),
                            TextColumn("{task.fields[fps]:>7.0f} frames/s"), TimeRemainingColumn(),
                            enabled=self.is_main)
-        if not self.strategy.members.goes_on:  # a frozen learner stops the run within seconds (comm/health.py)
-            self.heartbeat.stop_without(self.strategy.conf["lost_after_s"])
+        lost_after_s = self.strategy.conf["lost_after_s"]
+        if self.strategy.members.goes_on:  # back from a stall the others dropped it for: it leaves
+            self.heartbeat.dropped_if_still(lost_after_s)
+        else:  # a frozen learner stops the run within seconds (comm/health.py)
+            self.heartbeat.stop_without(lost_after_s)
         with bar, self.heartbeat.watch(self.where, self.strategy.members.lost_needed):
             for epoch in range(self.state.epoch + 1, self.max_epochs + 1):
                 if self.state.stop:

@@ -305,3 +305,22 @@ def test_hybrid_under_the_launcher_goes_on_without_the_node_of_a_dead_learner(ti
     assert "LeftBehind: learner(s) [3] gone" in text and "elastic:" not in text, text[-4000:]
     assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2, 3]
     assert (exp / ".done" / "stage-3").exists() and (exp / "checkpoints" / "epoch-002.pt").exists()
+
+
+def test_an_adpsgd_learner_back_from_a_stall_leaves_with_exit_0_under_the_launcher(tiny_exp, tmp_path):
+    # learner 2 stands still 7 s from its 2nd batch (SIGSTOP, then SIGCONT): the others drop it after 5 s and
+    # finish the run meanwhile (the tiny run is that short), taking learner 0's store with them. Back, it finds
+    # its calls failing; it knows it stood still past lost_after_s, so it leaves (LeftBehind, exit 0) rather
+    # than take learner 0 for lost, exit 75 and have the elastic agent start a finished run again (until stop 41)
+    exp, ds = prepare(tiny_exp, tmp_path, "adpsgd.json")
+    config = json.loads(ds.read_text())
+    config["comm"]["debug"] = {"freeze_at_step": {"2": 2}, "freeze_s": {"2": 7}}
+    ds.write_text(json.dumps(config))
+    out = run_recipe("--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "4", "--ds-config",
+                     str(ds), *TINY, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "elastic:" not in text, text[-4000:]
+    assert "LearnerLost: learner 2 of 4 is gone (heartbeat still for 5 s)" in text, text[-4000:]
+    assert re.search(r"LeftBehind: learner 2 stood still for \d+ s \(more than 5 s: the others dropped it and went "
+                     r"on\)", text), text[-4000:]
+    assert json.loads((exp / "metrics.json").read_text())["lost_learners"] == [2]
