@@ -426,7 +426,7 @@ def main(argv=None) -> int:
     try:
         Trainer(args).train()
         shutdown_distributed()
-    except LeftBehind as err:  # a HYBRID node that lost a learner: the other nodes go on
+    except LeftBehind as err:  # a HYBRID node that lost a learner, a learner back from a stall: the others go on
         print(f"LeftBehind: {err}", file=sys.stderr, flush=True)
         os._exit(0)  # its gossip thread may be waiting on a peer: no clean interpreter shutdown to wait for
     except LearnerLost as err:  # the run stops; the elastic agent (recipe/elastic.py) starts it again

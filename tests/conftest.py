@@ -34,12 +34,10 @@ def tiny_exp(tmp_path_factory) -> Path:
     return exp
 
 
-def run_recipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """./run.sh with these arguments (a rendezvous port of its own unless given), output captured. Past the
-    timeout, everything it started (the agent, the launcher, the learners: one process group) is killed, so that
-    a hung run does not go on loading the machine under the next tests."""
-    port = [] if "--master-port" in args else ["--master-port", str(free_port())]
-    command = [str(REPO / "run.sh"), *port, *args]
+def run_session(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a command in a session of its own from the repository, output captured. Past the timeout, everything it
+    started (run.sh's agent, launcher and learners: one process group) is killed, so that a hung run does not go on
+    loading the machine under the next tests."""
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
         try:
@@ -49,6 +47,12 @@ def run_recipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
             process.communicate()
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run_recipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """./run.sh with these arguments (a rendezvous port of its own unless given), output captured."""
+    port = [] if "--master-port" in args else ["--master-port", str(free_port())]
+    return run_session([str(REPO / "run.sh"), *port, *args], timeout)
 
 
 def train_log(exp: Path) -> list[dict]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 
 from recipe.tools.gpu_check import MODELS, training_flops_per_frame
-from tests.conftest import REPO
+from tests.conftest import run_session
 
 
 def test_the_model_flops_are_counted_as_the_paper_model_has_them():
@@ -27,8 +26,7 @@ def test_the_model_flops_are_counted_as_the_paper_model_has_them():
 
 @pytest.mark.slow  # learner processes and two runs of run.sh
 def test_gpu_check_runs_its_whole_path_on_the_cpu(tmp_path):
-    done = subprocess.run(["bash", "recipe/tools/gpu_check.sh", "--smoke", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=400)
+    done = run_session(["bash", "recipe/tools/gpu_check.sh", "--smoke", str(tmp_path)], timeout=400)
     assert done.returncode == 0, done.stdout[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["backend"] == "gloo" and result["smoke"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 
 import pytest
@@ -113,9 +115,15 @@ def test_one_launcher_per_node_without_ssh(tmp_path):
     common = ["--stage", "3", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1", "--master-port",
               str(free_port()), "--ds-config", str(REPO / "ds_configs" / "hybrid.json"), *TINY, "train.epochs=2"]
     nodes = [subprocess.Popen([str(REPO / "run.sh"), *common, "--exp", str(exp), "--node-rank", str(k)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
              for k, exp in enumerate(exps)]
-    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    try:
+        outs = [node.communicate(timeout=600)[0] for node in nodes]
+    finally:  # a hung node: kill everything its run.sh started (its session), not only run.sh
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
     assert [node.returncode for node in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     metrics = json.loads((exps[0] / "metrics.json").read_text())
     assert (metrics["strategy"], metrics["learners"], metrics["nodes"]) == ("hybrid", 4, 2)
