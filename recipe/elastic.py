@@ -100,8 +100,15 @@ class Agent:
         self.stopping = False  # SIGINT/SIGTERM from the user: passed on, never restarted
 
     def run(self) -> int:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._stop)
+        before = {signum: signal.signal(signum, self._stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._attempts()
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+    def _attempts(self) -> int:
+        """Launch, and launch again while learners are lost and restarts are left -> the last exit status."""
         while True:
             attempt = Attempt(len(self.attempts), time.time())
             self.attempts.append(attempt)

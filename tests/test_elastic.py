@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 from types import SimpleNamespace
 
 import pytest
 
 from comm.health import RESTART_EXIT
-from recipe.elastic import Attempt, launch_command, restartable
+from recipe.elastic import Agent, Attempt, launch_command, restartable
 from tests.conftest import REPO, TINY, run_recipe, train_log
 
 
@@ -42,6 +43,36 @@ def test_a_restart_resumes_the_same_launch():
     args.hostfile, args.node_rank, args.master_addr = "hosts", 1, "10.0.0.1"
     assert launch_command(args, 0)[3:10] == ["--hostfile", "hosts", "--no_ssh", "--node_rank", "1", "--master_addr",
                                              "10.0.0.1"]
+
+
+class ScriptedAgent(Agent):
+    """The agent with a launcher that ends with the given exit statuses, one per launch."""
+
+    def __init__(self, tmp_path, codes: list[int], *overrides: str):
+        super().__init__(SimpleNamespace(exp=str(tmp_path), conf=None, overrides=list(overrides)))
+        self.codes, self.launched = list(codes), 0
+
+    def launch(self, attempt: Attempt) -> int:
+        self.launched += 1
+        attempt.read(f"LearnerLost: lost learner(s) [{attempt.number}] of 4, found on learner 0 in epoch 2")
+        return self.codes.pop(0)
+
+
+def test_the_agent_restarts_up_to_max_restarts_then_names_the_lost_learners(tmp_path, capsys):
+    handler = signal.getsignal(signal.SIGINT)
+    agent = ScriptedAgent(tmp_path, [137, RESTART_EXIT, 137], "train.max_restarts=2")
+    assert agent.run() == 137 and agent.launched == 3
+    assert signal.getsignal(signal.SIGINT) is handler  # the agent's own handlers are gone with it
+    out = capsys.readouterr().out
+    assert "restart 1 of at most 2" in out and "restart 2 of at most 2" in out
+    assert "learner(s) [0, 1, 2] lost 3 time(s), more than train.max_restarts=2; the run stops" in out
+    # an error (1) ends at once; a success records the restarts before it in metrics.json
+    assert ScriptedAgent(tmp_path, [1], "train.max_restarts=2").run() == 1
+    (tmp_path / "metrics.json").write_text('{"epochs": 3}')
+    agent = ScriptedAgent(tmp_path, [137, 0])
+    assert agent.run() == 0 and agent.launched == 2
+    restarts = json.loads((tmp_path / "metrics.json").read_text())["restarts"]
+    assert [(r["restart"], r["lost_learners"]) for r in restarts] == [(1, [0])]
 
 
 def prepare(tiny_exp, tmp_path, ds: str, **comm):
@@ -79,19 +110,18 @@ def test_a_lost_learner_restarts_the_run_from_its_last_checkpoint(tiny_exp, tmp_
 
 
 @pytest.mark.slow
-def test_a_learner_lost_more_often_than_allowed_ends_the_run_naming_it(tiny_exp, tmp_path):
-    # learner 1 dies in every attempt at its 6th micro batch (3 learners x 4 an epoch): in epoch 2 of the first,
-    # in epoch 3 of the second, which resumed from epoch 1; one restart is allowed
-    exp, ds_path = prepare(tiny_exp, tmp_path, "sync.json", debug={"die_at_step": {"1": 6}, "fault_attempts": [0, 1]})
+def test_a_learner_lost_with_no_restart_allowed_ends_the_run_naming_it(tiny_exp, tmp_path):
+    # learner 1 dies at its 6th micro batch (3 learners x 4 an epoch: epoch 2); train.max_restarts=0, the
+    # behaviour before the agent (the counting itself: test_the_agent_restarts_up_to_max_restarts_...)
+    exp, ds_path = prepare(tiny_exp, tmp_path, "sync.json", debug={"die_at_step": {"1": 6}})
     out = run_recipe("--stage", "3", "--stop-stage", "3", "--exp", str(exp), "--learners", "3", "--ds-config",
-                     str(ds_path), *TINY, "train.max_restarts=1", timeout=300)
+                     str(ds_path), *TINY, "train.max_restarts=0", timeout=300)
     text = out.stdout + out.stderr
     # the launcher exits with the status of the first learner it finds ended: the killed one's supervisor (137) or a
     # survivor that named it (RESTART_EXIT), whichever its once-a-second poll sees first
     assert out.returncode in (137, RESTART_EXIT), text[-4000:]
-    restarts = re.findall(r"elastic: learner\(s\) \[1\] lost \(exit status (\d+)\); restart 1 of at most 1", text)
-    assert len(restarts) == 1 and int(restarts[0]) in (137, RESTART_EXIT), text[-4000:]
-    checkpoint = exp / "checkpoints" / "epoch-002.pt"
-    assert (f"elastic: learner(s) [1] lost 2 time(s), more than train.max_restarts=1; the run stops. Its last "
+    assert "LearnerLost: lost learner(s) [1] of 3" in text and "restart 1" not in text, text[-4000:]
+    checkpoint = exp / "checkpoints" / "epoch-001.pt"
+    assert (f"elastic: learner(s) [1] lost 1 time(s), more than train.max_restarts=0; the run stops. Its last "
             f"checkpoint: {checkpoint}; go on from it with ./run.sh --stage 3 --resume") in text
     assert not (exp / ".done" / "stage-3").exists()
