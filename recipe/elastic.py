@@ -39,6 +39,7 @@ from pathlib import Path
 from comm.faults import ATTEMPT_ENV
 from comm.health import RESTART_EXIT
 from recipe.lib.config import load_config
+from recipe.lib.experiment import Experiment
 
 LOST = re.compile(r"LearnerLost: lost learner\(s\) \[([\d, ]*)\] of \d+")
 KILLED = re.compile(r"learner (\d+) \(pid \d+\) was killed by (\w+); the run stops")
@@ -147,7 +148,7 @@ class Agent:
             self.process.send_signal(signum)
 
     def last_checkpoint(self) -> str | None:
-        found = sorted((self.exp / "checkpoints").glob("epoch-*.pt"))
+        found = Experiment(self.exp).checkpoints()  # complete ones only, as --resume takes them
         return str(found[-1]) if found else None
 
     def lost_so_far(self) -> list[int]:
